@@ -1,0 +1,173 @@
+"""The paper's GPT decoder (SPEC §4). Single-device code only: parallelism is applied from outside.
+
+Pre-norm blocks, RMSNorm (eps 1e-6), RoPE (base 1e4, rotate-half convention of HF Llama-family
+models so export needs no permutation), causal multi-head attention via SDPA, non-gated ReLU² MLP
+with hidden 4d, no biases, no dropout, tied embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    d_model: int
+    n_head: int
+    max_seq_len: int
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 128
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for key in ("n_layer", "d_model", "n_head", "max_seq_len", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError(f"head dim d_model/n_head = {self.d_model // self.n_head} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [seq_len, head_dim], halves duplicated (HF Llama layout), fp32."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    pos = torch.arange(seq_len, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, hd]. Rotate-half: pairs (i, i + hd/2), as in HF Llama."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 (as HF Llama does) so bf16 runs match the exported model.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # one matrix for the optimizer
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
+        self.down = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.relu(self.up(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # Build on meta, then materialise: construction consumes no RNG, so `init_weights` alone
+        # decides the weights, whether the model is built directly or on meta and sharded first.
+        target = torch.get_default_device()
+        with torch.device("meta"):
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+            self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+            # RoPE tables are derived, not learned: non-persistent, so checkpoints hold weights only.
+            self.register_buffer("rope_cos", torch.empty(cfg.max_seq_len, cfg.head_dim), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(cfg.max_seq_len, cfg.head_dim), persistent=False)
+        if target.type != "meta":
+            self.to_empty(device=target)
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)); norm gains 1.
+
+        Callable again after `to_empty()` (meta-device construction, sharded init).
+        """
+        std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layer)
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=std)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, mean=0.0, std=std)
+            nn.init.normal_(block.mlp.up.weight, mean=0.0, std=std)
+            nn.init.normal_(block.attn.out.weight, mean=0.0, std=resid_std)
+            nn.init.normal_(block.mlp.down.weight, mean=0.0, std=resid_std)
+            block.attn_norm.weight.fill_(1.0)
+            block.mlp_norm.weight.fill_(1.0)
+        self.final_norm.weight.fill_(1.0)
+        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_base,
+                               device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab]."""
+        T = idx.shape[1]
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len {self.cfg.max_seq_len}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.tok_emb(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        x = self.final_norm(x)
+        return F.linear(x, self.tok_emb.weight)  # tied LM head
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (6N + attention), as in the PaLM/nanoGPT MFU estimate."""
+        c = self.cfg
+        return 6 * self.num_params() + 12 * c.n_layer * c.d_model * seq_len

@@ -1,0 +1,28 @@
+"""Model size presets: the paper's four scales (SPEC §4) and a CPU-sized `tiny`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from models.gpt import GPTConfig
+
+PRESETS: dict[str, GPTConfig] = {
+    # tiny: a few minutes on 2 CPU cores, same architecture and vocabulary as the paper's.
+    "tiny": GPTConfig(n_layer=4, d_model=128, n_head=4, max_seq_len=256),
+    "125m": GPTConfig(n_layer=12, d_model=768, n_head=12, max_seq_len=1024),
+    "399m": GPTConfig(n_layer=12, d_model=1536, n_head=12, max_seq_len=8192),
+    "545m": GPTConfig(n_layer=14, d_model=1792, n_head=14, max_seq_len=4096),
+    "1.1b": GPTConfig(n_layer=18, d_model=2304, n_head=18, max_seq_len=4096),
+}
+
+# Parameter counts the paper logged (SPEC §4), checked by the tests.
+PAPER_PARAM_COUNTS = {"125m": 123.6e6, "399m": 417.0e6, "545m": 629.7e6, "1.1b": 1262.6e6}
+
+
+def get_preset(name: str, **overrides: Optional[int]) -> GPTConfig:
+    """Preset by name with optional field overrides (None values are ignored)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model.preset '{name}' (valid: {', '.join(PRESETS)})")
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    return replace(PRESETS[name], **changes)

@@ -1,0 +1,34 @@
+"""Shared fixtures: the bundled corpus and tokenizer, small configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = [str(ROOT / "assets/corpus/fineweb_edu_sample10BT_first150.jsonl"),
+          str(ROOT / "assets/corpus/fineweb_sample10BT_first300.jsonl")]
+GPT2_DIR = str(ROOT / "assets/tokenizers/gpt2")
+SP_MODEL = str(ROOT / "assets/tokenizers/mistral_v1/tokenizer.model")
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    from data import load_tokenizer
+
+    return load_tokenizer(GPT2_DIR)
+
+
+def data_config(**kw):
+    from launch.config import DataConfig
+
+    base = dict(source="json", data_files=list(CORPUS), tokenizer=GPT2_DIR, seq_len=64, val_tokens=1024,
+                logical_shards=4, encode_batch_docs=16)
+    base.update(kw)
+    return DataConfig(**base)
