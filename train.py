@@ -1,6 +1,7 @@
-"""Train the paper's GPT: config -> data -> model -> optimizers -> loop (step, eval, log, checkpoint).
+"""Train the paper's GPT: config -> data -> model -> parallelise -> optimizers -> loop.
 
     python train.py --config configs/tiny.yaml [section.key=value ...]
+    torchrun --nproc_per_node=N train.py --config configs/125m.yaml parallel.backend=fsdp
 
 Reads top to bottom. Everything that is not the loop itself lives in models/, data/, orscale/ and
 launch/.
@@ -10,20 +11,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import math
+import os
+import signal
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
 
 from data import PackedLoader, build_val_set, load_tokenizer
-from launch.checkpoint import save_checkpoint
+from launch import checkpoint as ckpt
 from launch.config import Config, ConfigError, UserError, load_config, to_dict
+from launch.distributed import DistEnv, all_reduce_sum, init_distributed, shutdown
+from launch.parallelize import build_model, no_sync, wrap_for_training
+from launch.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.runlog import RunDir, git_commit, setup_logging
-from models import GPT, GPTConfig, get_preset
+from models import GPTConfig, get_preset
 from orscale import build_optimizers, check_optim_config, collect_diagnostics
 from orscale.schedule import lr_at, set_lr
 
@@ -35,18 +41,6 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--config", default=None, help="YAML config file (e.g. configs/tiny.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=orscale_lm")
     return parser.parse_args(argv)
-
-
-def pick_device_and_dtype(cfg: Config) -> tuple[torch.device, torch.dtype]:
-    want = cfg.train.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")
-    device = torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
-    if cfg.train.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    else:
-        dtype = torch.bfloat16 if cfg.train.dtype == "bf16" else torch.float32
-    return device, dtype
 
 
 def resolve_model_config(cfg: Config) -> GPTConfig:
@@ -63,126 +57,176 @@ def resolve_model_config(cfg: Config) -> GPTConfig:
     return gpt_cfg
 
 
+def compute_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    if cfg.train.dtype == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else torch.float32
+    return torch.bfloat16 if cfg.train.dtype == "bf16" else torch.float32
+
+
 @torch.no_grad()
-def evaluate(model: GPT, val: torch.Tensor, batch_size: int, device: torch.device, autocast) -> float:
-    """Mean cross-entropy over every target token of the fixed validation set."""
+def evaluate(model: torch.nn.Module, val: torch.Tensor, batch_size: int, env: DistEnv, autocast) -> float:
+    """Mean cross-entropy over every target token of the fixed validation set, split over ranks.
+
+    Every rank runs the same number of forward passes (FSDP all-gathers inside forward), padding
+    its share with zero-weight repeats, so the result does not depend on the world size.
+    """
     model.eval()
-    total, count = torch.zeros((), device=device, dtype=torch.float64), 0
-    for start in range(0, len(val), batch_size):
-        batch = val[start:start + batch_size].to(device)
+    mine = val[env.rank::env.world_size]
+    per_rank = math.ceil(len(val) / env.world_size)
+    total = torch.zeros(2, device=env.device, dtype=torch.float64)  # [sum of losses, tokens]
+    for start in range(0, per_rank, batch_size):
+        batch = mine[start:start + batch_size]
+        weight = len(batch)
+        if weight == 0:
+            batch = val[:1]
+        batch = batch.to(env.device)
         with autocast():
-            loss = model.loss(batch[:, :-1], batch[:, 1:])
-        n = batch[:, 1:].numel()
-        total += loss.double() * n
-        count += n
+            loss = model(batch[:, :-1], batch[:, 1:])
+        n = weight * (batch.shape[1] - 1)
+        total += torch.stack([loss.double() * n, torch.tensor(n, device=env.device, dtype=torch.float64)])
+    all_reduce_sum(total)
     model.train()
-    return (total / count).item()
+    return (total[0] / total[1]).item()
+
+
+class StopFlag:
+    """SIGTERM/SIGINT (preemption) set a flag; the loop saves a checkpoint and exits 0."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.raised = True
+
+    def agreed(self, env: DistEnv) -> bool:
+        """All ranks stop at the same step if any rank was signalled (one tiny all-reduce)."""
+        if env.world_size == 1:
+            return self.raised
+        flag = torch.tensor([float(self.raised)], device=env.device)
+        return all_reduce_sum(flag).item() > 0
 
 
 def train(cfg: Config) -> dict:
-    torch.manual_seed(cfg.train.seed)
-    device, dtype = pick_device_and_dtype(cfg)
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
-    if cfg.parallel.backend != "none":
-        raise ConfigError(f"parallel.backend={cfg.parallel.backend} needs torchrun and lands with the "
-                          "multi-GPU work; use parallel.backend=none")
-    world_size = 1
+    # ---- cheap checks first: nothing is read or written before the config is known to be sound
     model_cfg = resolve_model_config(cfg)
     check_optim_config(cfg.optim)
+    env = init_distributed(cfg)
+    setup_logging(env.rank)
+    dtype = compute_dtype(cfg, env.device)
+    autocast = ((lambda: torch.autocast(env.device.type, dtype=dtype)) if dtype != torch.float32
+                else contextlib.nullcontext)
 
-    # ---- data: tokenizer, fixed validation set, training stream after it
+    # ---- data: tokenizer, fixed validation set, this rank's logical shards of the stream after it
     tokenizer = load_tokenizer(cfg.data.tokenizer)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
+                          f"{model_cfg.vocab_size}; raise model.vocab_size")
     val, val_docs = build_val_set(cfg.data, tokenizer)
-    loader = PackedLoader(cfg.data, tokenizer, first_doc=val_docs)
+    loader = PackedLoader(cfg.data, tokenizer, first_doc=val_docs, rank=env.rank, world_size=env.world_size)
     seqs_per_step = cfg.train.tokens_per_step // cfg.data.seq_len
-    per_micro = cfg.train.micro_batch_size * world_size
+    per_micro = cfg.train.micro_batch_size * env.world_size
     if seqs_per_step % per_micro:
         raise ConfigError(f"train.tokens_per_step/data.seq_len = {seqs_per_step} sequences is not a multiple of "
                           f"train.micro_batch_size x world size = {per_micro}")
     accum_steps = seqs_per_step // per_micro
 
-    # ---- model and optimizers
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
-                          f"{model_cfg.vocab_size}; raise model.vocab_size")
-    with torch.device(device):
-        model = GPT(model_cfg)
-    optimizers = build_optimizers(model, cfg.optim)
+    # ---- run directory and resume point: refuse to clobber an earlier run
+    run = RunDir(cfg.run.dir, active=env.is_main)
+    resume_from = find_resume_point(cfg, run)
+    meta = {"config": to_dict(cfg), "git_commit": git_commit(), "tokenizer": tokenizer.describe(),
+            "model": dataclasses.asdict(model_cfg)}
+    if resume_from is not None:
+        check_resume_compatible(ckpt.read_meta(resume_from), meta)
 
-    # ---- run directory: refuse to clobber an earlier run's files
-    run = RunDir(cfg.run.dir, active=True)
-    ckpt_root = run.path / "checkpoints"
-    if run.metrics_path.exists() and not cfg.run.overwrite:
-        raise ConfigError(f"run.dir '{cfg.run.dir}' already holds a run (metrics.jsonl); choose another "
-                          "run.dir or pass run.overwrite=true to append to it")
+    # ---- model, parallelism, optimizers
+    model = build_model(model_cfg, cfg, env)
+    module = wrap_for_training(model, cfg, env)
+    optimizers = build_optimizers(model, cfg.optim)
+    start_step = 0
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(resume_from, module, optimizers, env)
+        loader.load_state_dict(state["loader"])
+        if "rng" in state:
+            torch.set_rng_state(state["rng"]["cpu"])
+        start_step = state["step"]
+    prepare_run_dir(cfg, run, start_step)
     run.open(cfg, extra={"params": model.num_params(), "accum_steps": accum_steps, "val_docs": val_docs,
-                         "val_windows": len(val), "device": str(device), "dtype": str(dtype),
-                         "tokenizer": tokenizer.describe(), "world_size": world_size})
-    log.info("model: %.2fM parameters; %d micro-batches of %d x %d per step",
-             model.num_params() / 1e6, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len)
+                         "val_windows": len(val), "device": str(env.device), "dtype": str(dtype),
+                         "world_size": env.world_size, "tokenizer": tokenizer.describe(),
+                         "resumed_from": str(resume_from) if resume_from else None})
+    log.info("model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s",
+             model.num_params() / 1e6, env.world_size, accum_steps, cfg.train.micro_batch_size,
+             cfg.data.seq_len, f"resuming at step {start_step}" if start_step else "fresh start")
+
+    def save(step: int) -> None:
+        path = ckpt.save_checkpoint(run.path / "checkpoints", step, module, optimizers, loader.state_dict(),
+                                    {**meta, "tokens": step * tokens_per_step}, env, keep=cfg.run.keep_checkpoints)
+        log.info("checkpoint: %s", path)
 
     # ---- the loop
     tokens_per_step = seqs_per_step * cfg.data.seq_len
-    progress = _progress(cfg)
-    first_loss = last_loss = val_loss = math.nan
+    stop = StopFlag()
+    progress = _progress(cfg, env, start_step)
+    last_loss = val_loss = math.nan
     t_last, tokens_since = time.perf_counter(), 0
-    loss_sum, steps_in_window = torch.zeros((), device=device), 0
-    for step in range(cfg.train.max_steps):
+    loss_sum, steps_in_window = torch.zeros((), device=env.device), 0
+    step = start_step
+    while step < cfg.train.max_steps:
         lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.max_steps, cfg.optim.min_lr_ratio)
         set_lr(optimizers, lr)
-        for _ in range(accum_steps):
-            batch = loader.next_batch(cfg.train.micro_batch_size).to(device, non_blocking=True)
-            with autocast():
-                loss = model.loss(batch[:, :-1], batch[:, 1:]) / accum_steps
-            loss.backward()
+        for micro in range(accum_steps):
+            batch = loader.next_batch(cfg.train.micro_batch_size).to(env.device, non_blocking=True)
+            with no_sync(module, last_micro_batch=micro == accum_steps - 1), autocast():
+                loss = module(batch[:, :-1], batch[:, 1:]) / accum_steps
+                loss.backward()
             loss_sum += loss.detach()
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        step += 1
         tokens_since += tokens_per_step
         steps_in_window += 1
-        done = step + 1
 
-        if done % cfg.train.log_every == 0 or done == cfg.train.max_steps or step == 0:
+        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps or step == start_step + 1:
+            train_loss = all_reduce_sum(loss_sum).item() / env.world_size / steps_in_window
             now = time.perf_counter()
-            train_loss = loss_sum.item() / steps_in_window  # mean since the previous log line
-            record = {"step": done, "tokens": done * tokens_per_step, "train_loss": train_loss, "lr": lr,
-                      "grad_norm": grad_norm.item(), "tokens_per_s": tokens_since / (now - t_last)}
+            record = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
+                      "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+                      "tokens_per_s": tokens_since / (now - t_last)}
             record.update(collect_diagnostics(optimizers))
             run.write(record)
-            first_loss = train_loss if step == 0 else first_loss
             last_loss = train_loss
             progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
             loss_sum.zero_()
             t_last, tokens_since, steps_in_window = time.perf_counter(), 0, 0
-        if (cfg.train.eval_every and done % cfg.train.eval_every == 0) or done == cfg.train.max_steps:
-            val_loss = evaluate(model, val, cfg.data.val_batch_size, device, autocast)
-            run.write({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss})
-            log.info("step %d: val_loss %.4f", done, val_loss)
+        if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.max_steps:
+            val_loss = evaluate(module, val, cfg.data.val_batch_size, env, autocast)
+            run.write({"step": step, "tokens": step * tokens_per_step, "val_loss": val_loss})
+            log.info("step %d: val_loss %.4f", step, val_loss)
             t_last = time.perf_counter()  # evaluation time is not training throughput
-        if cfg.train.ckpt_every and done % cfg.train.ckpt_every == 0 and done != cfg.train.max_steps:
-            _save(ckpt_root, done, model, optimizers, loader, cfg)
         progress.update(1)
+        if stop.agreed(env):
+            log.warning("stop signal: saving a checkpoint at step %d and exiting", step)
+            save(step)
+            break
+        if step == cfg.train.max_steps or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0):
+            save(step)
     progress.close()
-    _save(ckpt_root, cfg.train.max_steps, model, optimizers, loader, cfg)
     run.close()
-    log.info("done: first train loss %.4f, last %.4f, final val loss %.4f", first_loss, last_loss, val_loss)
-    return {"first_train_loss": first_loss, "last_train_loss": last_loss, "val_loss": val_loss}
+    log.info("done at step %d: last train loss %.4f, last val loss %.4f", step, last_loss, val_loss)
+    return {"step": step, "last_train_loss": last_loss, "val_loss": val_loss}
 
 
-def _progress(cfg: Config):
+def _progress(cfg: Config, env: DistEnv, start: int):
     from tqdm import tqdm
 
-    return tqdm(total=cfg.train.max_steps, disable=not cfg.train.progress, dynamic_ncols=True, desc="train")
-
-
-def _save(root: Path, step: int, model: GPT, optimizers, loader: PackedLoader, cfg: Config) -> None:
-    state = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "loader": loader.state_dict(), "config": to_dict(cfg), "git_commit": git_commit()}
-    path = save_checkpoint(root, step, state)
-    log.info("checkpoint: %s", path)
+    return tqdm(total=cfg.train.max_steps, initial=start, disable=not (cfg.train.progress and env.is_main),
+                dynamic_ncols=True, desc="train")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -192,8 +236,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_config(args.config, args.overrides)
         train(cfg)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        shutdown()
     return 0
 
 

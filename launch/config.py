@@ -30,6 +30,7 @@ class RunConfig:
     dir: str = "runs/tiny"
     resume: str = "auto"  # auto | none | <path to a checkpoint>
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
+    keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted
 
 
 @dataclass
@@ -98,6 +99,9 @@ class TrainConfig:
 @dataclass
 class ParallelConfig:
     backend: str = "none"  # none | ddp | fsdp | zero1 | zero2
+    meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
+    activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile each block
 
 
 @dataclass

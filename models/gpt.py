@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -148,8 +149,9 @@ class GPT(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx [B, T] token ids -> logits [B, T, vocab]."""
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab]; with `targets` [B, T], the mean
+        cross-entropy instead (through forward, so DDP/FSDP hooks see the call)."""
         T = idx.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len {self.cfg.max_seq_len}")
@@ -157,11 +159,9 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         for block in self.blocks:
             x = block(x, cos, sin)
-        x = self.final_norm(x)
-        return F.linear(x, self.tok_emb.weight)  # tied LM head
-
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(idx)
+        logits = F.linear(self.final_norm(x), self.tok_emb.weight)  # tied LM head
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
     def num_params(self) -> int:

@@ -1,0 +1,120 @@
+"""Process groups from torchrun's environment (NCCL on GPU, gloo on CPU) and small collectives.
+
+`torchrun`, `srun` + torchrun rendezvous, `accelerate launch` and the DeepSpeed launcher all set
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; nothing here depends on which one ran.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launch.config import Config, ConfigError
+
+BACKENDS = ("none", "ddp", "fsdp", "zero1", "zero2")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # parallel.backend
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+
+def launched_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_backend(cfg: Config, world_size: int) -> None:
+    """Errors a user can make before any process group exists (identical on every rank)."""
+    backend = cfg.parallel.backend
+    if backend not in BACKENDS:
+        raise ConfigError(f"parallel.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend == "none" and world_size > 1:
+        raise ConfigError(f"launched with {world_size} processes but parallel.backend=none; "
+                          "set parallel.backend to ddp, fsdp, zero1 or zero2")
+    if backend in ("zero1", "zero2"):
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed") from None
+    if cfg.data.logical_shards % world_size:
+        raise ConfigError(f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
+                          f"world size ({world_size}) so every rank owns the same number of stream shards")
+
+
+def init_distributed(cfg: Config) -> DistEnv:
+    """Create the default process group when parallel.backend is not `none` (even on 1 process)."""
+    world_size = launched_world_size()
+    check_backend(cfg, world_size)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    want = cfg.train.device
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible; "
+                              "launch at most one process per GPU")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if cfg.parallel.backend != "none" and not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a plain `python train.py` run: a group of one
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
+                                device_id=device if use_cuda else None)
+    return DistEnv(rank, world_size, local_rank, device, cfg.parallel.backend)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (small Python objects only: loader states, flags)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
