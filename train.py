@@ -169,6 +169,10 @@ def train(cfg: Config) -> dict:
     # ---- the loop
     tokens_per_step = seqs_per_step * cfg.data.seq_len
     stop = StopFlag()
+    audit = None
+    if cfg.train.record_windows:
+        run.path.mkdir(parents=True, exist_ok=True)
+        audit = (run.path / f"windows_rank{env.rank}.txt").open("a")
     progress = _progress(cfg, env, start_step)
     last_loss = val_loss = math.nan
     t_last, tokens_since = time.perf_counter(), 0
@@ -178,7 +182,11 @@ def train(cfg: Config) -> dict:
         lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.train.max_steps, cfg.optim.min_lr_ratio)
         set_lr(optimizers, lr)
         for micro in range(accum_steps):
-            batch = loader.next_batch(cfg.train.micro_batch_size).to(env.device, non_blocking=True)
+            batch = loader.next_batch(cfg.train.micro_batch_size)
+            if audit is not None:
+                audit.writelines(f"{step + 1} {hash(tuple(row.tolist()))}\n" for row in batch)
+                audit.flush()
+            batch = batch.to(env.device, non_blocking=True)
             with no_sync(module, last_micro_batch=micro == accum_steps - 1), autocast():
                 loss = module(batch[:, :-1], batch[:, 1:]) / accum_steps
                 loss.backward()

@@ -94,6 +94,7 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True
+    record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
 
 
 @dataclass
