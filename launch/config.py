@@ -78,6 +78,7 @@ class OptimConfig:
     r_max: float = 5.0
     trust_eps: float = 1e-6
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
     warmup_steps: int = 1000
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak LR
 

@@ -1,0 +1,400 @@
+"""One optimizer for the whole Muon family: Muon, Muon+Moonlight, OrScale, OrScale-LM and the
+trust-ratio design-space variants of SPEC §3, selected by named choices (``orscale.variants``).
+
+Per 2-D weight W (m×n), gradient G, Nesterov momentum (fp32, no dampening):
+
+    (a) M ← μM + G;  M̂ = μM + G                      (M̂ = M without Nesterov)
+    (b) Q = NS₅(M̂)                                    (batched over same-shape matrices)
+    (c) r = clip(num / (c·den + ε), r_min, r_max)      (r ≡ 1 for denominator 'none')
+        coupled:   W ← W − η·r·(λW + sQ)
+        decoupled: W ← (1 − ηλ)·W − η·r·s·Q
+
+The three stages are separate methods so a sharded subclass can run (b) on one owner rank per
+matrix, all-reduce the output of ``local_sums_of_squares`` (every norm the step needs, for every
+matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchanged.
+
+The step never syncs with the host: trust ratios, calibration and diagnostics stay on the device
+and branch with ``torch.where``; only Python floats (lr, weight decay, choices) steer control flow.
+State is created eagerly in ``__init__`` (momentum zeros; ``c`` = 0 meaning "not calibrated") so a
+checkpoint helper's zero-gradient, lr = 0 dry-run step neither creates nor calibrates anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from orscale.diagnostics import DiagnosticsMixin
+from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
+from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
+
+# Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
+# matrix's elements (of squares, or of products for ⟨W,Q⟩), so partial sums over shards add up.
+COL_W, COL_G, COL_MHAT, COL_Q, COL_D, COL_WQ = range(6)
+N_COLS = 6
+
+ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
+
+
+@dataclass
+class GroupWork:
+    """The matrices of one param group that have a gradient at this step."""
+
+    group_index: int
+    group: dict[str, Any]
+    params: list[Tensor]
+    names: list[str]
+    index: Optional[Tensor]  # their positions in the group (device tensor); None: all of them
+
+
+def shape_factor(shape_choice: str, p: Tensor) -> float:
+    """s = 1 ('one') or Moonlight's 0.2·√max(m, n) ('moonlight')."""
+    return MOONLIGHT_FACTOR * math.sqrt(max(p.shape)) if shape_choice == "moonlight" else 1.0
+
+
+def _sumsq(xs: list[Tensor]) -> Tensor:
+    # _foreach_norm is one fused kernel per dtype/device on GPU; squaring back is exact enough
+    # (fp32 relative error ~1e-7) and keeps the column a sum of squares for all-reduce.
+    return torch.stack(torch._foreach_norm(xs)).square()
+
+
+def _variant(group: dict[str, Any]) -> Variant:
+    return Variant(group["shape"], group["denominator"], group["decay"], group["calibration"])
+
+
+class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
+    """Muon-family optimizer for 2-D weight matrices (fp32 master weights assumed).
+
+    ``variant`` is a preset name from ``orscale.variants.PRESETS`` (or a ``Variant``); ``shape``,
+    ``denominator``, ``decay`` and ``calibration`` override single choices of it. Params may be
+    given as ``(name, tensor)`` pairs (e.g. ``model.named_parameters()``): names are used to group
+    diagnostics by matrix class and in error messages. ``lr`` in each group must stay a Python
+    float (the trainer sets ``group["lr"]`` every step). ``track_diagnostics=False`` skips the
+    norms only diagnostics need (``diagnostics()`` then returns {}).
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        *,
+        variant: Union[str, Variant] = "orscale_lm",
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_coefficients: str = "polar_express",
+        ns_dtype: str = "bf16",
+        r_min: float = 0.1,
+        r_max: float = 5.0,
+        eps: float = 1e-6,
+        shape: Optional[str] = None,
+        denominator: Optional[str] = None,
+        decay: Optional[str] = None,
+        calibration: Optional[str] = None,
+        track_diagnostics: bool = True,
+    ) -> None:
+        base = get_variant(variant) if isinstance(variant, str) else variant
+        v = base.replace(shape=shape, denominator=denominator, decay=decay, calibration=calibration)
+        if lr < 0 or weight_decay < 0:
+            raise ValueError(f"lr ({lr}) and weight_decay ({weight_decay}) must be >= 0")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if not 0 < r_min <= r_max:
+            raise ValueError(f"need 0 < r_min <= r_max, got r_min={r_min}, r_max={r_max}")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        ns_schedule(ns_coefficients, ns_steps)  # validates both
+        resolve_ns_dtype(ns_dtype)
+        self.variant_name = variant if isinstance(variant, str) else "custom"
+        # Off: compute only the norms the variant needs (no ⟨W,Q⟩, no per-step diag tensors).
+        self.track_diagnostics = track_diagnostics
+        # Per group, host-built once: shape factors and 1/√numel as device vectors, so the step
+        # needs no host→device copies. Cumulative clip counters live here too (not in `state`:
+        # they are diagnostics, not something a resume needs).
+        self._consts: list[dict[str, Tensor]] = []
+        self._cum: list[Tensor] = []
+        self._index_cache: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+        self._last_diag: list[tuple[list[str], Tensor]] = []
+        defaults = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+            ns_steps=ns_steps, ns_coefficients=ns_coefficients, ns_dtype=ns_dtype,
+            r_min=r_min, r_max=r_max, eps=eps, shape=v.shape, denominator=v.denominator,
+            decay=v.decay, calibration=v.calibration,
+        )
+        super().__init__(params, defaults)
+
+    # ---------------------------------------------------------------- groups, state, names
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _variant(group)  # validates per-group overrides of the choices
+            for name, p in zip(self._names(len(self.param_groups) - 1, group), group["params"]):
+                if p.ndim != 2:
+                    raise ValueError(
+                        f"MuonFamily handles 2-D weight matrices only; parameter '{name}' has "
+                        f"shape {tuple(p.shape)}: route it to AdamW instead"
+                    )
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        self._init_state(group)
+        self._build_consts()
+
+    def _init_state(self, group: dict[str, Any]) -> None:
+        """Eager state: momentum zeros (fp32) and, for lazy calibration, c = 0 (fp32, 0-d)."""
+        for p in group["params"]:
+            st = self.state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+            if group["calibration"] == "lazy" and "c" not in st:
+                st["c"] = torch.zeros((), dtype=torch.float32, device=p.device)
+
+    def _build_consts(self) -> None:
+        old_cum = self._cum
+        self._consts, self._cum, self._index_cache = [], [], {}
+        for gi, group in enumerate(self.param_groups):
+            ps = group["params"]
+            device = ps[0].device if ps else torch.device("cpu")
+            s = [shape_factor(group["shape"], p) for p in ps]
+            inv = [1.0 / math.sqrt(max(p.numel(), 1)) for p in ps]
+            self._consts.append({
+                "s": torch.tensor(s, dtype=torch.float32, device=device),
+                "inv_sqrt_numel": torch.tensor(inv, dtype=torch.float32, device=device),
+            })
+            keep = gi < len(old_cum) and old_cum[gi].shape[0] == len(ps)
+            self._cum.append(old_cum[gi] if keep else
+                             torch.zeros(len(ps), 3, dtype=torch.float32, device=device))
+
+    def _names(self, gi: int, group: dict[str, Any]) -> list[str]:
+        names = group.get("param_names")
+        if names:
+            return list(names)
+        return [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load, then undo torch's cast of floating state to the param dtype.
+
+        ``Optimizer.load_state_dict`` casts every floating state tensor to its param's dtype; with
+        bf16 params that would round the calibration constant and the momentum to bf16. We restore
+        them as fp32 from the source tensors, and re-create any state the checkpoint lacks.
+        """
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for sid, p in zip(saved_ids, params):
+            saved = state_dict["state"].get(sid, {})
+            for key in ("momentum_buffer", "c"):
+                value = saved.get(key)
+                if isinstance(value, Tensor):
+                    self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+        for group in self.param_groups:
+            self._init_state(group)
+        self._build_consts()
+
+    # ---------------------------------------------------------------- the step
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = self._active_work()
+        self._last_diag = []
+        if not work:
+            return loss
+        m_hats = [self.momentum_update(w) for w in work]  # (a)
+        qs = [self.orthogonalize(w, mh) for w, mh in zip(work, m_hats)]  # (b)
+        sums, directions = self.local_sums_of_squares(work, m_hats, qs)
+        del m_hats, qs
+        sums = self.reduce_sums_of_squares(sums)
+        self.apply_updates(work, sums, directions)  # (c)
+        return loss
+
+    def _active_work(self) -> list[GroupWork]:
+        work = []
+        for gi, group in enumerate(self.param_groups):
+            names = self._names(gi, group)
+            pos = [i for i, p in enumerate(group["params"]) if p.grad is not None]
+            if not pos:
+                continue
+            ps = [group["params"][i] for i in pos]
+            for i, p in zip(pos, ps):
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"MuonFamily: sparse gradient for '{names[i]}'")
+            index = None
+            if len(pos) < len(group["params"]):
+                # Rare (some matrices got no gradient). The index tensor is built once per
+                # pattern; that first build is a host→device copy, later steps reuse it.
+                key = (gi, tuple(pos))
+                if key not in self._index_cache:
+                    self._index_cache[key] = torch.tensor(pos, device=ps[0].device)
+                index = self._index_cache[key]
+            work.append(GroupWork(gi, group, ps, [names[i] for i in pos], index))
+        return work
+
+    def momentum_update(self, w: GroupWork) -> list[Tensor]:
+        """(a) M ← μM + G in place; returns M̂ = μM + G (Nesterov) or M itself, fp32."""
+        mu = w.group["momentum"]
+        bufs = [self.state[p]["momentum_buffer"] for p in w.params]
+        grads = [p.grad for p in w.params]
+        torch._foreach_mul_(bufs, mu)
+        torch._foreach_add_(bufs, grads)
+        if not w.group["nesterov"]:
+            return bufs
+        m_hat = torch._foreach_mul(bufs, mu)
+        torch._foreach_add_(m_hat, grads)
+        return m_hat
+
+    def orthogonalize(self, w: GroupWork, m_hats: list[Tensor]) -> list[Tensor]:
+        """(b) Q = NS(M̂), batched by shape; returned in fp32 (the update is applied in fp32)."""
+        g = w.group
+        qs = newton_schulz_many(m_hats, g["ns_steps"], g["ns_coefficients"], g["ns_dtype"])
+        return [q.float() for q in qs]
+
+    def local_sums_of_squares(
+        self, work: list[GroupWork], m_hats: list[list[Tensor]], qs: list[list[Tensor]]
+    ) -> tuple[Tensor, list[list[Tensor]]]:
+        """Every norm the step needs, for every matrix, as one [N, N_COLS] fp32 tensor.
+
+        Columns: ‖W‖², ‖G‖², ‖M̂‖², ‖Q‖², ‖λW+sQ‖², ⟨W,Q⟩ — each only where the variant (or a
+        diagnostic) needs it, zeros otherwise. Also returns each matrix's update direction: for
+        coupled decay D = λW + sQ, formed in place in Q's storage (Q is not needed afterwards);
+        for decoupled decay Q itself.
+        """
+        blocks, directions = [], []
+        for w, mh, q in zip(work, m_hats, qs):
+            g, v = w.group, _variant(w.group)
+            wd = g["weight_decay"]
+            ws = [p if p.dtype == torch.float32 else p.float() for p in w.params]
+            s = [shape_factor(v.shape, p) for p in w.params]
+            diag = self.track_diagnostics
+            zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
+            cols = [zeros] * N_COLS
+            if diag or v.denominator != "none":
+                cols[COL_W] = _sumsq(ws)
+            if diag or v.denominator == "q":
+                cols[COL_Q] = _sumsq(q)
+            if v.calibration == "lazy" and g["lr"] > 0:
+                cols[COL_G] = _sumsq([p.grad for p in w.params])  # "has a gradient" test
+            if v.denominator in ("momentum", "rms_ratio"):
+                cols[COL_MHAT] = _sumsq(mh)
+            if v.decay == "coupled":
+                torch._foreach_mul_(q, s)
+                if wd != 0:
+                    torch._foreach_add_(q, ws, alpha=wd)
+                if diag or v.denominator == "update":
+                    cols[COL_D] = _sumsq(q)
+            else:
+                if v.denominator == "update":
+                    d = torch._foreach_mul(q, s)
+                    torch._foreach_add_(d, ws, alpha=wd)
+                    cols[COL_D] = _sumsq(d)
+                if diag:  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
+                    cols[COL_WQ] = torch.stack([(a * b).sum() for a, b in zip(ws, q)])
+            blocks.append(torch.stack(cols, dim=1))
+            directions.append(q)
+        return torch.cat(blocks), directions
+
+    def reduce_sums_of_squares(self, sums: Tensor) -> Tensor:
+        """Hook for sharded execution (one all_reduce of local partial sums); identity here."""
+        return sums
+
+    def apply_updates(
+        self, work: list[GroupWork], sums: Tensor, directions: list[list[Tensor]]
+    ) -> None:
+        """(c) norms → calibration → trust ratio → in-place update, plus device-side diagnostics."""
+        row = 0
+        for w, dirs in zip(work, directions):
+            n = len(w.params)
+            sq = sums[row:row + n]
+            row += n
+            g, v = w.group, _variant(w.group)
+            lr, wd, eps = g["lr"], g["weight_decay"], g["eps"]
+            r_min, r_max = g["r_min"], g["r_max"]
+            consts = self._consts[w.group_index]
+            s, inv = consts["s"], consts["inv_sqrt_numel"]
+            if w.index is not None:
+                s, inv = s[w.index], inv[w.index]
+            norms = sq.clamp_min(0).sqrt()
+            w_n, g_n, mh_n, q_n, d_n = (norms[:, i] for i in (COL_W, COL_G, COL_MHAT, COL_Q, COL_D))
+
+            num, den = w_n, None
+            if v.denominator == "update":
+                den = d_n
+            elif v.denominator == "q":
+                den = s * q_n
+            elif v.denominator == "momentum":
+                den = mh_n
+            elif v.denominator == "rms_ratio":
+                num, den = w_n * inv, mh_n * inv
+            c_eff, c_diag = self._calibration(w, v, num, den, g_n, w_n, s, lr, eps)
+            if den is None:
+                r_raw = r = torch.ones_like(w_n)
+            else:
+                r_raw = num / (c_eff * den + eps)
+                r = r_raw.clamp(r_min, r_max)
+
+            if lr > 0:  # lr is a host float: an lr = 0 step leaves the weights untouched
+                if v.decay == "coupled":
+                    coef = -lr * r  # W += coef·D,  D = λW + sQ
+                else:
+                    if wd != 0:
+                        torch._foreach_mul_(w.params, 1.0 - lr * wd)
+                    coef = -lr * r * s  # W += coef·Q
+                for p, direction, k in zip(w.params, dirs, coef.unbind(0)):
+                    p.addcmul_(direction, k)  # k is a 0-d device tensor: no host sync
+
+            if self.track_diagnostics:
+                self._record(w, v, sq, r_raw, r, c_diag, s)
+
+    def _record(self, w: GroupWork, v: Variant, sq: Tensor, r_raw: Tensor, r: Tensor,
+                c: Tensor, s: Tensor) -> None:
+        """Per-matrix diagnostics of this step, kept on the device (see diagnostics.STEP_FIELDS)."""
+        g = w.group
+        lr, wd = g["lr"], g["weight_decay"]
+        w_n, q_n, d_n = (sq[:, i].clamp_min(0).sqrt() for i in (COL_W, COL_Q, COL_D))
+        if v.decay == "coupled":
+            upd = lr * r * d_n  # ΔW = η·r·D
+        else:  # ‖ηλW + η·r·s·Q‖ from ‖W‖², ‖Q‖², ⟨W,Q⟩
+            wq = sq[:, COL_WQ]
+            sq_upd = (wd * w_n) ** 2 + 2 * wd * r * s * wq + (r * s * q_n) ** 2
+            upd = lr * sq_upd.clamp_min(0).sqrt()
+        ratio = torch.where(w_n > 0, upd / w_n.clamp_min(1e-30), torch.zeros_like(upd))
+        if v.denominator == "none":
+            at_min = at_max = torch.zeros_like(w_n)
+        else:
+            at_min, at_max = (r_raw <= g["r_min"]).float(), (r_raw >= g["r_max"]).float()
+        self._last_diag.append(
+            (w.names, torch.stack([r_raw, r, w_n, q_n, ratio, c, at_min, at_max], dim=1)))
+        inc = torch.stack([torch.ones_like(at_min), at_min, at_max], dim=1)
+        cum = self._cum[w.group_index]
+        if w.index is None:
+            cum.add_(inc)
+        else:
+            cum.index_add_(0, w.index, inc)
+
+    def _calibration(
+        self, w: GroupWork, v: Variant, num: Tensor, den: Optional[Tensor], g_n: Tensor,
+        w_n: Tensor, s: Tensor, lr: float, eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        """(c used in the ratio, c for diagnostics). Lazy: set once, where still 0 and the step
+        has lr > 0, ‖G‖ > 0 and ‖W‖ > 0, to num₀/den₀ (= ‖W₀‖/‖D₀‖), or s if either is < ε."""
+        if v.calibration == "none" or den is None:
+            ones = torch.ones_like(w_n)
+            return ones, ones
+        states = [self.state[p]["c"] for p in w.params]
+        c = torch.stack(states)
+        if lr > 0:
+            fresh = (c == 0) & (g_n > 0) & (w_n > 0)
+            value = torch.where((num >= eps) & (den >= eps), num / den, s)
+            c = torch.where(fresh, value, c)
+            torch._foreach_copy_(states, list(c.unbind(0)))
+        # Not calibrated yet (no usable step so far): divide by the fallback s rather than by 0.
+        return torch.where(c > 0, c, s), c
