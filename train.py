@@ -40,6 +40,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="YAML config file (e.g. configs/tiny.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=orscale_lm")
+    # The DeepSpeed launcher passes --local_rank; LOCAL_RANK in the environment says the same.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 

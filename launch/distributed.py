@@ -53,6 +53,13 @@ def check_backend(cfg: Config, world_size: int) -> None:
             import deepspeed  # noqa: F401
         except ImportError:
             raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed") from None
+    # `accelerate launch` with our shipped configs announces the backend it was set up for.
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and backend != "fsdp":
+        raise ConfigError(f"launched by accelerate with an FSDP config but parallel.backend={backend}; "
+                          "pass parallel.backend=fsdp")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and backend not in ("zero1", "zero2"):
+        raise ConfigError(f"launched by accelerate with a DeepSpeed config but parallel.backend={backend}; "
+                          "pass parallel.backend=zero1 or zero2")
     if cfg.data.logical_shards % world_size:
         raise ConfigError(f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
                           f"world size ({world_size}) so every rank owns the same number of stream shards")
