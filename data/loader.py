@@ -116,10 +116,13 @@ class PackedLoader:
             self._docs = self._owned_documents()
         chunk = [next(self._docs) for _ in range(self.cfg.encode_batch_docs)]
         encoded = encode_documents(self.tokenizer, [text for *_, text in chunk])
+        pieces: dict[int, list[np.ndarray]] = {}
         for (shard, epoch, index, _), ids in zip(chunk, encoded):
             if ids is not None:
-                self.buffers[shard] = np.concatenate([self.buffers[shard], ids])
+                pieces.setdefault(shard, [self.buffers[shard]]).append(ids)
             self.next_pos[shard] = (epoch, index + 1)
+        for shard, parts in pieces.items():  # one copy per shard and chunk, not per document
+            self.buffers[shard] = np.concatenate(parts)
 
     def next_batch(self, batch_size: int) -> torch.Tensor:
         width = self.cfg.seq_len + 1
