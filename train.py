@@ -97,11 +97,15 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.raised = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:
         self.raised = True
+
+    def restore(self) -> None:
+        """Give the signals back to whoever had them (matters when train() is called as a library)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def agreed(self, env: DistEnv) -> bool:
         """All ranks stop at the same step if any rank was signalled (one tiny all-reduce)."""
@@ -226,8 +230,11 @@ def train(cfg: Config) -> dict:
             break
         if step == cfg.train.max_steps or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0):
             save(step)
+    stop.restore()
     progress.close()
     run.close()
+    if audit is not None:
+        audit.close()
     log.info("done at step %d: last train loss %.4f, last val loss %.4f", step, last_loss, val_loss)
     return {"step": step, "last_train_loss": last_loss, "val_loss": val_loss}
 

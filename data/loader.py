@@ -22,7 +22,7 @@ from data.stream import iter_documents
 from data.tokenizer import TextTokenizer
 from launch.config import DataConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orscale.data")
 
 
 def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[np.ndarray]:

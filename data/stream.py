@@ -13,7 +13,7 @@ from typing import Iterator
 from data.errors import DataError, first_line, resolve_path
 from launch.config import DataConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orscale.data")
 
 LOCAL_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 

@@ -59,10 +59,20 @@ def environment() -> dict[str, Any]:
 
 
 def setup_logging(rank: int) -> None:
-    """Console logging on rank 0 only; other ranks warn and above, prefixed with their rank."""
-    level = logging.INFO if rank == 0 else logging.WARNING
+    """Console logging for the project's loggers ("orscale.*"): INFO on rank 0, warnings elsewhere.
+
+    Configures only our logger (not the root), so an embedding application or pytest keeps its
+    own handlers; idempotent across calls.
+    """
+    logger = logging.getLogger("orscale")
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     fmt = "%(asctime)s %(levelname)s %(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s"
-    logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", force=True)
+    handler = next((h for h in logger.handlers if getattr(h, "_orscale_console", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler()
+        handler._orscale_console = True
+        logger.addHandler(handler)
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
 
 
 class RunDir:
@@ -81,7 +91,8 @@ class RunDir:
         (self.path / "config.yaml").write_text(dump_yaml(cfg))
         handler = logging.FileHandler(self.path / "run.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logging.getLogger().addHandler(handler)
+        logging.getLogger("orscale").addHandler(handler)
+        self._file_handler = handler
         # The long provenance block goes to run.log only; the console gets the commit.
         record = logging.getLogger("orscale.provenance")
         record.propagate = False
@@ -104,3 +115,8 @@ class RunDir:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        handler = getattr(self, "_file_handler", None)
+        if handler is not None:
+            logging.getLogger("orscale").removeHandler(handler)
+            handler.close()
+            self._file_handler = None

@@ -119,3 +119,25 @@ def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):
     ckpt.save_checkpoint(root, 2, model, [opt], {"turn": 0, "shards": {}}, {"note": "ok2"}, env1)
     assert ckpt.latest_checkpoint(root).name == "step_00000002"
     assert not list(root.glob(".tmp_*")), "debris of the interrupted save was not cleaned"
+
+
+def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_path, capsys, caplog):
+    import train
+
+    from tests.helpers import SMALL, TINY
+
+    base = ["--config", TINY, *SMALL, f"run.dir={tmp_path}", "optim.name=adamw", "train.eval_every=0"]
+    assert train.main([*base, "train.max_steps=2"]) == 0
+    for change, key in (("optim.name=orscale_lm", "config.optim.name"), ("model.d_model=32", "d_model"),
+                        ("data.tokenizer=assets/tokenizers/mistral_v1", "tokenizer"),
+                        ("data.logical_shards=8", "logical_shards")):
+        capsys.readouterr()
+        assert train.main([*base, "train.max_steps=4", change]) == 2, change
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot resume" in err[0] and key in err[0], err
+    caplog.clear()
+    assert train.main([*base, "train.max_steps=3", "train.log_every=2", "optim.lr=0.002"]) == 0
+    assert "optim.lr" in caplog.text and "train.max_steps" not in caplog.text.split("changed settings")[-1]
+    from tests.helpers import train_losses
+
+    assert sorted(train_losses(tmp_path)) == [1, 2, 3]
