@@ -150,7 +150,7 @@ def train(cfg: Config) -> dict:
     # ---- model, parallelism, optimizers
     model = build_model(model_cfg, cfg, env)
     module = wrap_for_training(model, cfg, env)
-    optimizers = build_optimizers(model, cfg.optim)
+    optimizers = build_optimizers(model, cfg.optim, backend=cfg.parallel.backend, mode=cfg.parallel.muon_mode)
     start_step = 0
     if resume_from is not None:
         state = ckpt.load_checkpoint(resume_from, module, optimizers, env)

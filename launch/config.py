@@ -104,6 +104,7 @@ class ParallelConfig:
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
     compile: bool = False  # torch.compile each block
+    muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
 
 
 @dataclass
@@ -262,6 +263,8 @@ def validate(cfg: Config) -> None:
     _require(d.logical_shards >= 1, f"data.logical_shards must be >= 1, got {d.logical_shards}")
     _require(t.tokens_per_step % d.seq_len == 0,
              f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})")
+    _require(cfg.parallel.muon_mode in ("owner", "replicate"),
+             f"parallel.muon_mode must be owner or replicate, got {cfg.parallel.muon_mode!r}")
     _require(cfg.parallel.backend in ("none", "ddp", "fsdp", "zero1", "zero2"),
              f"parallel.backend must be one of none, ddp, fsdp, zero1, zero2; got {cfg.parallel.backend!r}")
 

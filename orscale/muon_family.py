@@ -11,7 +11,9 @@ Per 2-D weight W (m×n), gradient G, Nesterov momentum (fp32, no dampening):
 
 The three stages are separate methods so a sharded subclass can run (b) on one owner rank per
 matrix, all-reduce the output of ``local_sums_of_squares`` (every norm the step needs, for every
-matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchanged.
+matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchanged. All arithmetic
+runs on the tensors ``_local`` returns (the tensor itself here; a DTensor's local shard in
+``orscale.sharded``), so the same code serves whole matrices and row shards.
 
 The step never syncs with the host: trust ratios, calibration and diagnostics stay on the device
 and branch with ``torch.where``; only Python floats (lr, weight decay, choices) steer control flow.
@@ -121,6 +123,10 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self._cum: list[Tensor] = []
         self._index_cache: dict[tuple[int, tuple[int, ...]], Tensor] = {}
         self._last_diag: list[tuple[list[str], Tensor]] = []
+        # Work counters of the latest step (host ints; the sharded subclasses fill the comm ones).
+        self.ns_calls = 0  # matrices orthogonalised on this rank
+        self.bytes_sent = 0  # bytes this rank's optimizer collectives sent to other ranks
+        self.n_collectives = 0  # collectives issued
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
             ns_steps=ns_steps, ns_coefficients=ns_coefficients, ns_dtype=ns_dtype,
@@ -172,6 +178,21 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             self._cum.append(old_cum[gi] if keep else
                              torch.zeros(len(ps), 3, dtype=torch.float32, device=device))
 
+    # ---------------------------------------------------------------- local views
+    def _local(self, t: Tensor) -> Tensor:
+        """The tensor the step's arithmetic runs on: `t` itself here; a DTensor's local shard in
+        the sharded subclass (so elementwise math never triggers DTensor collectives)."""
+        return t
+
+    def _local_params(self, w: GroupWork) -> list[Tensor]:
+        return [self._local(p) for p in w.params]
+
+    def _local_grads(self, w: GroupWork) -> list[Tensor]:
+        return [self._local(p.grad) for p in w.params]
+
+    def _local_momenta(self, w: GroupWork) -> list[Tensor]:
+        return [self._local(self.state[p]["momentum_buffer"]) for p in w.params]
+
     def _names(self, gi: int, group: dict[str, Any]) -> list[str]:
         names = group.get("param_names")
         if names:
@@ -207,6 +228,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 loss = closure()
         work = self._active_work()
         self._last_diag = []
+        self.ns_calls = self.bytes_sent = self.n_collectives = 0
         if not work:
             return loss
         m_hats = [self.momentum_update(w) for w in work]  # (a)
@@ -242,8 +264,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     def momentum_update(self, w: GroupWork) -> list[Tensor]:
         """(a) M ← μM + G in place; returns M̂ = μM + G (Nesterov) or M itself, fp32."""
         mu = w.group["momentum"]
-        bufs = [self.state[p]["momentum_buffer"] for p in w.params]
-        grads = [p.grad for p in w.params]
+        bufs, grads = self._local_momenta(w), self._local_grads(w)
         torch._foreach_mul_(bufs, mu)
         torch._foreach_add_(bufs, grads)
         if not w.group["nesterov"]:
@@ -256,6 +277,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         """(b) Q = NS(M̂), batched by shape; returned in fp32 (the update is applied in fp32)."""
         g = w.group
         qs = newton_schulz_many(m_hats, g["ns_steps"], g["ns_coefficients"], g["ns_dtype"])
+        self.ns_calls += len(qs)
         return [q.float() for q in qs]
 
     def local_sums_of_squares(
@@ -272,7 +294,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         for w, mh, q in zip(work, m_hats, qs):
             g, v = w.group, _variant(w.group)
             wd = g["weight_decay"]
-            ws = [p if p.dtype == torch.float32 else p.float() for p in w.params]
+            ws = [p if p.dtype == torch.float32 else p.float() for p in self._local_params(w)]
             s = [shape_factor(v.shape, p) for p in w.params]
             diag = self.track_diagnostics
             zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
@@ -282,7 +304,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             if diag or v.denominator == "q":
                 cols[COL_Q] = _sumsq(q)
             if v.calibration == "lazy" and g["lr"] > 0:
-                cols[COL_G] = _sumsq([p.grad for p in w.params])  # "has a gradient" test
+                cols[COL_G] = _sumsq(self._local_grads(w))  # "has a gradient" test
             if v.denominator in ("momentum", "rms_ratio"):
                 cols[COL_MHAT] = _sumsq(mh)
             if v.decay == "coupled":
@@ -313,6 +335,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         row = 0
         for w, dirs in zip(work, directions):
             n = len(w.params)
+            params = self._local_params(w)
             sq = sums[row:row + n]
             row += n
             g, v = w.group, _variant(w.group)
@@ -346,9 +369,9 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                     coef = -lr * r  # W += coef·D,  D = λW + sQ
                 else:
                     if wd != 0:
-                        torch._foreach_mul_(w.params, 1.0 - lr * wd)
+                        torch._foreach_mul_(params, 1.0 - lr * wd)
                     coef = -lr * r * s  # W += coef·Q
-                for p, direction, k in zip(w.params, dirs, coef.unbind(0)):
+                for p, direction, k in zip(params, dirs, coef.unbind(0)):
                     p.addcmul_(direction, k)  # k is a 0-d device tensor: no host sync
 
             if self.track_diagnostics:

@@ -5,6 +5,10 @@
 * Muon family: every 2-D weight inside the transformer blocks (names ``blocks.*``) goes to
   ``MuonFamily``; everything else (token embedding = tied LM head, norm gains) to AdamW with the
   same peak LR (and the same exemption rule).
+* ``backend`` picks the Muon-family class: ``fsdp`` → ``ShardedMuonFamily`` (DTensor params),
+  ``ddp`` → ``ReplicatedMuonFamily``, anything else → ``MuonFamily``; ``mode`` (``owner`` |
+  ``replicate``) says where Newton–Schulz runs (``orscale.sharded``). AdamW is
+  ``torch.optim.AdamW`` on every backend (DTensor-native under FSDP2).
 
 ``model.named_parameters()`` deduplicates shared tensors, so a tied embedding/head appears once.
 """
@@ -19,6 +23,7 @@ from torch import nn
 from launch.config import ConfigError, OptimConfig
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
+from orscale.sharded import MODES, ReplicatedMuonFamily, ShardedMuonFamily
 from orscale.variants import PRESETS
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
@@ -100,14 +105,24 @@ def is_matrix_param(name: str, p: torch.Tensor) -> bool:
     return canonical_name(name).startswith("blocks.") and p.ndim == 2
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
-    """The optimizers for `model` under `cfg`: [AdamW] or [MuonFamily, AdamW].
+BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
+                     mode: str = "owner") -> list[torch.optim.Optimizer]:
+    """The optimizers for `model` under `cfg`: [AdamW] or [MuonFamily (or its sharded
+    subclass for `backend`), AdamW].
 
     Frozen parameters (requires_grad=False) are left out. Every trainable parameter is in
     exactly one optimizer. All groups start at lr = cfg.lr; the trainer overwrites
-    ``group["lr"]`` on every group each step.
+    ``group["lr"]`` on every group each step. ``backend`` ``zero1``/``zero2`` get the plain
+    ``MuonFamily`` (the DeepSpeed path drives its methods itself).
     """
     check_optim_config(cfg)
+    if backend not in BACKENDS:
+        raise ConfigError(f"parallel.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if mode not in MODES:
+        raise ConfigError(f"parallel.muon_mode must be one of {', '.join(MODES)}, got {mode!r}")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("model has no trainable parameters")
@@ -120,12 +135,18 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         if not matrices:
             raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to "
                              "orthogonalise; is this the GPT model?")
-        muon = MuonFamily(
-            matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, variant=cfg.name,
+        kwargs = dict(
+            lr=cfg.lr, weight_decay=cfg.weight_decay, variant=cfg.name,
             momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
             ns_coefficients=cfg.ns_coefficients, ns_dtype=cfg.ns_dtype,
             r_min=cfg.r_min, r_max=cfg.r_max, eps=cfg.trust_eps, track_diagnostics=cfg.diagnostics,
         )
+        if backend == "fsdp":
+            muon: MuonFamily = ShardedMuonFamily(matrices, mode=mode, **kwargs)
+        elif backend == "ddp":
+            muon = ReplicatedMuonFamily(matrices, mode=mode, **kwargs)
+        else:
+            muon = MuonFamily(matrices, **kwargs)
         optimizers = [muon]
         if rest:
             optimizers.append(_adamw(rest, model, cfg))

@@ -1,0 +1,62 @@
+"""Checkpoint size and save/load time on this machine (one process, CPU), tiny and 125M presets.
+
+    python bench/bench_checkpoint.py [--presets tiny 125m] [--optim orscale_lm]
+
+The optimizer state is made real by one step on random tokens, so momentum, AdamW moments and the
+calibration constants are all in the checkpoint. Prints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from launch import checkpoint as ckpt  # noqa: E402
+from launch.config import OptimConfig  # noqa: E402
+from launch.distributed import DistEnv  # noqa: E402
+from models import GPT, get_preset  # noqa: E402
+from orscale import build_optimizers  # noqa: E402
+
+
+def size_of(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--presets", nargs="+", default=["tiny", "125m"])
+    parser.add_argument("--optim", default="orscale_lm")
+    args = parser.parse_args()
+    env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+    for preset in args.presets:
+        cfg = get_preset(preset, max_seq_len=64)
+        model = GPT(cfg)
+        optimizers = build_optimizers(model, OptimConfig(name=args.optim, ns_steps=1))
+        idx = torch.randint(0, 50257, (1, 65))
+        model(idx[:, :-1], idx[:, 1:]).backward()
+        for opt in optimizers:
+            opt.step()
+        root = Path(tempfile.mkdtemp())
+        t0 = time.perf_counter()
+        path = ckpt.save_checkpoint(root, 1, model, optimizers, {"turn": 0, "shards": {}}, {}, env)
+        save_s = time.perf_counter() - t0
+        fresh = GPT(cfg)
+        fresh_opts = build_optimizers(fresh, OptimConfig(name=args.optim, ns_steps=1))
+        t0 = time.perf_counter()
+        ckpt.load_checkpoint(path, fresh, fresh_opts, env)
+        load_s = time.perf_counter() - t0
+        print(f"{preset:>5} {args.optim}: {model.num_params() / 1e6:.1f}M params, checkpoint "
+              f"{size_of(path) / 2**20:.1f} MiB, save {save_s:.2f} s, load {load_s:.2f} s")
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    main()
