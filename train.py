@@ -29,6 +29,7 @@ from launch.distributed import DistEnv, all_reduce_sum, init_distributed, shutdo
 from launch.parallelize import build_model, no_sync, wrap_for_training
 from launch.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.runlog import RunDir, git_commit, setup_logging
+from launch.zero import ZeroEngine, check_checkpoint_world_size, check_zero_config
 from models import GPTConfig, get_preset
 from orscale import build_optimizers, check_optim_config, collect_diagnostics
 from orscale.schedule import lr_at, set_lr
@@ -119,6 +120,9 @@ def train(cfg: Config) -> dict:
     # ---- cheap checks first: nothing is read or written before the config is known to be sound
     model_cfg = resolve_model_config(cfg)
     check_optim_config(cfg.optim)
+    use_zero = cfg.parallel.backend in ("zero1", "zero2")
+    if use_zero:
+        check_zero_config(cfg)
     env = init_distributed(cfg)
     setup_logging(env.rank)
     dtype = compute_dtype(cfg, env.device)
@@ -146,14 +150,19 @@ def train(cfg: Config) -> dict:
             "model": dataclasses.asdict(model_cfg)}
     if resume_from is not None:
         check_resume_compatible(ckpt.read_meta(resume_from), meta)
+        if use_zero:
+            check_checkpoint_world_size(resume_from / "zero", env.world_size)
 
     # ---- model, parallelism, optimizers
     model = build_model(model_cfg, cfg, env)
-    module = wrap_for_training(model, cfg, env)
-    optimizers = build_optimizers(model, cfg.optim, backend=cfg.parallel.backend, mode=cfg.parallel.muon_mode)
+    # DeepSpeed owns the optimizer step under ZeRO (its engine holds the partitioned state).
+    zero = ZeroEngine(model, cfg, env, accum_steps) if use_zero else None
+    module = zero.module if zero else wrap_for_training(model, cfg, env)
+    optimizers = [] if zero else build_optimizers(model, cfg.optim, backend=cfg.parallel.backend,
+                                                  mode=cfg.parallel.muon_mode)
     start_step = 0
     if resume_from is not None:
-        state = ckpt.load_checkpoint(resume_from, module, optimizers, env)
+        state = ckpt.load_checkpoint(resume_from, module, optimizers, env, zero=zero)
         loader.load_state_dict(state["loader"])
         if "rng" in state:
             torch.set_rng_state(state["rng"]["cpu"])
@@ -169,7 +178,8 @@ def train(cfg: Config) -> dict:
 
     def save(step: int) -> None:
         path = ckpt.save_checkpoint(run.path / "checkpoints", step, module, optimizers, loader.state_dict(),
-                                    {**meta, "tokens": step * tokens_per_step}, env, keep=cfg.run.keep_checkpoints)
+                                    {**meta, "tokens": step * tokens_per_step}, env, keep=cfg.run.keep_checkpoints,
+                                    zero=zero)
         log.info("checkpoint: %s", path)
 
     # ---- the loop
@@ -193,15 +203,20 @@ def train(cfg: Config) -> dict:
                 audit.writelines(f"{step + 1} {hash(tuple(row.tolist()))}\n" for row in batch)
                 audit.flush()
             batch = batch.to(env.device, non_blocking=True)
-            with no_sync(module, last_micro_batch=micro == accum_steps - 1), autocast():
+            # ZeRO reduces on its own schedule; DDP/FSDP skip communication until the last micro-batch.
+            sync = contextlib.nullcontext() if zero else no_sync(module, last_micro_batch=micro == accum_steps - 1)
+            with sync, autocast():
                 loss = module(batch[:, :-1], batch[:, 1:]) / accum_steps
-                loss.backward()
+                zero.backward(loss) if zero else loss.backward()
             loss_sum += loss.detach()
-        max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        if zero:
+            grad_norm = zero.step(lr)  # clips the raw gradients itself, before orthogonalisation
+        else:
+            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         step += 1
         tokens_since += tokens_per_step
         steps_in_window += 1
@@ -212,7 +227,7 @@ def train(cfg: Config) -> dict:
             record = {"step": step, "tokens": step * tokens_per_step, "train_loss": train_loss, "lr": lr,
                       "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
                       "tokens_per_s": tokens_since / (now - t_last)}
-            record.update(collect_diagnostics(optimizers))
+            record.update(zero.diagnostics() if zero else collect_diagnostics(optimizers))
             run.write(record)
             last_loss = train_loss
             progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")

@@ -35,7 +35,8 @@ META = "meta.json"
 
 
 def _complete(path: Path) -> bool:
-    return (path / META).is_file() and (path / "dcp" / ".metadata").is_file()
+    saved = (path / "dcp" / ".metadata").is_file() or (path / "zero" / "zero_meta.json").is_file()
+    return (path / META).is_file() and saved
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -62,8 +63,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizers: list,
-                    loader_state: dict, meta: dict[str, Any], env: DistEnv, keep: int = 3) -> Path:
-    """Collective: every rank calls it. Returns the final directory."""
+                    loader_state: dict, meta: dict[str, Any], env: DistEnv, keep: int = 3,
+                    zero: Any = None) -> Path:
+    """Collective: every rank calls it. Returns the final directory. With a DeepSpeed `zero`
+    engine, its own checkpoint format replaces dcp/ (under zero/; same world size only)."""
     root = Path(root)
     final = step_dir(root, step)
     tmp = root / f".tmp_{final.name}"
@@ -71,8 +74,11 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
         shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
         tmp.mkdir(parents=True)
     barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizers)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    if zero is not None:
+        zero.save(str(tmp / "zero"), {})
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizers)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     torch.save({"loader": loader_state, "rng": rng_state()}, tmp / f"rank{env.rank}.pt")
     barrier()
     if env.is_main:
@@ -101,14 +107,19 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / META).read_text())
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizers: list, env: DistEnv) -> dict[str, Any]:
-    """Restore model and optimizers in place (any world size). Returns meta plus `loader` (the
-    merged shard states of every saving rank) and `rng` (this rank's, if the world size is the same)."""
+def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizers: list, env: DistEnv,
+                    zero: Any = None) -> dict[str, Any]:
+    """Restore model and optimizers in place (any world size; ZeRO: the same). Returns meta plus
+    `loader` (the merged shard states of every saving rank) and `rng` (this rank's, if the world
+    size is the same)."""
     path = Path(path)
-    model_sd, optim_sd = get_state_dict(model, optimizers)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path / "dcp"))
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if zero is not None:
+        zero.load(str(path / "zero"))
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizers)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = read_meta(path)
     merged: dict[str, Any] = {"shards": {}, "turn": 0}
     for r in range(meta["world_size"]):

@@ -97,6 +97,13 @@ class DiagnosticsMixin:
         cumulative clip fractions; one device→host transfer. {} before the first step."""
         if not self._last_diag:
             return {}
+        return summarize(*self.diagnostic_rows())
+
+    def diagnostic_rows(self) -> tuple[list[str], list[list[float]], list[str], list[list[float]]]:
+        """(names, latest-step rows, names, cumulative rows): what `summarize` takes, so ranks that
+        each hold some matrices can merge theirs before summarising. One device→host transfer."""
+        if not self._last_diag:
+            return [], [], [], []
         device = self._last_diag[0][1].device
         parts = [t.reshape(-1) for _, t in self._last_diag] + [c.reshape(-1) for c in self._cum]
         flat = torch.cat([t.to(device) for t in parts]).tolist()  # the one transfer
@@ -113,7 +120,7 @@ class DiagnosticsMixin:
                 cum_names.append(name)
                 cum_rows.append(flat[at:at + 3])
                 at += 3
-        return summarize(step_names, step_rows, cum_names, cum_rows)
+        return step_names, step_rows, cum_names, cum_rows
 
     def matrix_diagnostics(self) -> dict[str, dict[str, float]]:
         """Per-matrix values of the latest step, {name: {field: value}} (one transfer)."""

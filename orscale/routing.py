@@ -80,7 +80,7 @@ def _embedding_params(model: nn.Module) -> set[int]:
     return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
 
 
-def _adamw(named: list[tuple[str, nn.Parameter]], model: nn.Module,
+def build_adamw(named: list[tuple[str, nn.Parameter]], model: nn.Module,
            cfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW over `named`; with the exemption flag, 1-D params and embeddings get wd = 0."""
     groups = []
@@ -98,6 +98,14 @@ def _adamw(named: list[tuple[str, nn.Parameter]], model: nn.Module,
         groups.append({"params": named, "weight_decay": cfg.weight_decay})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                              weight_decay=cfg.weight_decay)
+
+
+def muon_family_kwargs(cfg: OptimConfig) -> dict:
+    """MuonFamily's keyword arguments for `cfg` (shared by every backend, ZeRO's included)."""
+    return dict(lr=cfg.lr, weight_decay=cfg.weight_decay, variant=cfg.name, momentum=cfg.momentum,
+                nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients,
+                ns_dtype=cfg.ns_dtype, r_min=cfg.r_min, r_max=cfg.r_max, eps=cfg.trust_eps,
+                track_diagnostics=cfg.diagnostics)
 
 
 def is_matrix_param(name: str, p: torch.Tensor) -> bool:
@@ -128,19 +136,14 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
         raise ValueError("model has no trainable parameters")
 
     if cfg.name == "adamw":
-        optimizers: list[torch.optim.Optimizer] = [_adamw(named, model, cfg)]
+        optimizers: list[torch.optim.Optimizer] = [build_adamw(named, model, cfg)]
     else:
         matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
         rest = [(n, p) for n, p in named if not is_matrix_param(n, p)]
         if not matrices:
             raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to "
                              "orthogonalise; is this the GPT model?")
-        kwargs = dict(
-            lr=cfg.lr, weight_decay=cfg.weight_decay, variant=cfg.name,
-            momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
-            ns_coefficients=cfg.ns_coefficients, ns_dtype=cfg.ns_dtype,
-            r_min=cfg.r_min, r_max=cfg.r_max, eps=cfg.trust_eps, track_diagnostics=cfg.diagnostics,
-        )
+        kwargs = muon_family_kwargs(cfg)
         if backend == "fsdp":
             muon: MuonFamily = ShardedMuonFamily(matrices, mode=mode, **kwargs)
         elif backend == "ddp":
@@ -149,7 +152,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
             muon = MuonFamily(matrices, **kwargs)
         optimizers = [muon]
         if rest:
-            optimizers.append(_adamw(rest, model, cfg))
+            optimizers.append(build_adamw(rest, model, cfg))
 
     # Each trainable parameter in exactly one optimizer (tied weights included).
     seen: dict[int, int] = {}

@@ -43,8 +43,11 @@ def single_runs(tmp_path_factory):
     return {}
 
 
-@pytest.mark.parametrize("optim", ["adamw", "muon_moonlight", "orscale_lm"])
-@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+CASES = [(b, o) for b in ("ddp", "fsdp") for o in ("adamw", "muon_moonlight", "orscale_lm")]
+CASES += [("zero1", "orscale_lm"), ("zero2", "orscale_lm"), ("zero2", "adamw")]
+
+
+@pytest.mark.parametrize("backend, optim", CASES)
 def test_two_ranks_match_one_process(tmp_path_factory, single_runs, optim, backend):
     if optim not in single_runs:
         single = tmp_path_factory.mktemp(f"single-{optim}")

@@ -1,0 +1,393 @@
+"""The client optimizer that DeepSpeed ZeRO-1/2 runs: AdamW and the Muon family on flat partitions.
+
+ZeRO flattens each param group into one buffer, cuts it into equal contiguous partitions (one per
+data-parallel rank) and hands this optimizer, per group, a single 1-D tensor: this rank's fp32
+master partition, whose ``.grad`` is the matching slice of the averaged gradient. AdamW is
+elementwise, so it runs on that slice unchanged. A Muon-family step is not: Newton–Schulz needs
+whole matrices. We do not use DeepSpeed's own Muon path (its NS, EMA momentum and clip order differ
+from ours); instead:
+
+* **Owner per matrix.** Every 2-D weight under ``blocks.`` (routing as in ``build_optimizers``)
+  gets one owner rank: the rank whose partition holds most of it (ties: lowest rank). Partitions
+  are equal-sized, so owners are balanced to within the matrices that straddle a partition
+  boundary, and most matrices never move.
+* **Per step** (inside DeepSpeed's ``step``): one ``all_to_all_single`` sends the pieces of
+  gradient and fp32 master weight a rank holds to each piece's owner; the owner runs the
+  single-process ``orscale.MuonFamily`` step, unchanged, on whole fp32 matrices (fp32 Nesterov
+  momentum, our Newton–Schulz, trust ratio from full-matrix norms, lazy calibration); a second
+  ``all_to_all_single`` returns the updated master-weight pieces. Owners hold whole matrices, so
+  the trust ratio's norms need no all-reduce at all.
+* **Clipping.** DeepSpeed runs with ``gradient_clipping = 0``. At the start of each client step we
+  scale the raw gradient partition by ``min(1, max_norm / (‖g‖ + 1e-6))`` (``clip_grad_norm_``'s
+  formula), with ‖g‖ the global norm over every parameter that DeepSpeed has just computed on the
+  raw averaged gradients (``_global_grad_norm``), so no extra collective is needed.
+
+Momentum and calibration constants of the matrices live in the owner's ``MuonFamily`` and travel
+through ``state_dict`` (DeepSpeed saves the client optimizer's state per rank), so a ZeRO
+checkpoint restores them exactly at the same data-parallel size (the only size it loads at).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from launch.config import ConfigError, OptimConfig
+from orscale.diagnostics import summarize
+from orscale.muon_family import MuonFamily
+from orscale.routing import build_adamw, check_optim_config, is_matrix_param, muon_family_kwargs
+from orscale.variants import PRESETS
+
+# Optimizers this client can run under ZeRO-1/2. (CBP/LARS/LAMB would need their own port.)
+ZERO_OPTIMIZERS: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
+ROLE = "orscale_role"  # param-group key: "matrix" (Muon family) or "adamw"
+
+
+def check_zero_optimizer(cfg: OptimConfig, backend: str = "zero") -> None:
+    """ConfigError (one line) if ZeRO cannot run `cfg.name`; then the usual optimizer checks."""
+    if cfg.name not in ZERO_OPTIMIZERS:
+        raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.name!r}: ZeRO-1/2 supports "
+                          f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
+    check_optim_config(cfg)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A contiguous run of matrix `k` inside the partition of rank `rank`."""
+
+    k: int
+    rank: int
+    part_off: int  # offset inside that rank's partition
+    mat_off: int  # offset inside the flattened matrix
+    n: int
+
+
+@dataclass
+class MatrixLayout:
+    """Where every matrix of the Muon group lies across the ZeRO partitions, who owns it, and (for
+    this rank) what travels where. Identical on every rank except the per-rank plans."""
+
+    names: list[str]
+    shapes: list[torch.Size]
+    owner: list[int]
+    pieces: list[list[Piece]]  # per matrix, in flat order
+    rank: int
+    world: int
+
+    def __post_init__(self) -> None:
+        me = self.rank
+        self.owned = [k for k, o in enumerate(self.owner) if o == me]
+        self.slot = {k: i for i, k in enumerate(self.owned)}  # matrix index -> position in `owned`
+        # Pieces this rank holds of matrices it owns (copied locally, never sent).
+        self.kept = [pc for k in self.owned for pc in self.pieces[k] if pc.rank == me]
+        # outgoing[d]: pieces this rank holds of matrices d owns; incoming[s]: pieces s holds of
+        # matrices this rank owns. Both sides list them in the same (matrix, offset) order.
+        self.outgoing = [[] if d == me else
+                         [pc for k, ps in enumerate(self.pieces) if self.owner[k] == d for pc in ps if pc.rank == me]
+                         for d in range(self.world)]
+        self.incoming = [[] if s == me else [pc for k in self.owned for pc in self.pieces[k] if pc.rank == s]
+                         for s in range(self.world)]
+        # The same on every rank, so either all ranks take part in the all_to_all or none does.
+        self.needs_exchange = self.world > 1 and any(pc.rank != self.owner[pc.k] for ps in self.pieces for pc in ps)
+
+
+def build_layout(names: list[str], shapes: list[torch.Size], offsets: list[int], partition_size: int,
+                 rank: int, world: int) -> MatrixLayout:
+    """Cut each matrix [offset, offset + numel) of the flat group at the partition boundaries."""
+    P = partition_size
+    pieces, owner = [], []
+    for k, (shape, off) in enumerate(zip(shapes, offsets)):
+        n = math.prod(shape)
+        ps = []
+        for q in range(off // P, (off + n - 1) // P + 1):
+            lo, hi = max(off, q * P), min(off + n, (q + 1) * P)
+            if hi > lo:
+                ps.append(Piece(k, q, lo - q * P, lo - off, hi - lo))
+        if not ps or ps[-1].rank >= world:
+            raise RuntimeError(f"matrix {names[k]} lies outside the ZeRO flat buffer")
+        pieces.append(ps)
+        owner.append(max(ps, key=lambda pc: (pc.n, -pc.rank)).rank)
+    return MatrixLayout(list(names), list(shapes), owner, pieces, rank, world)
+
+
+def _zero_group_layout(zero_opt: Any, gi: int, world: int) -> tuple[Tensor, list[Tensor], list[int], int]:
+    """(flat group buffer, params in flat order, their element offsets in it, partition size)."""
+    if hasattr(zero_opt, "bit16_groups_flat"):  # DeepSpeedZeroOptimizer (ZeRO-1/2)
+        flat, params = zero_opt.bit16_groups_flat[gi], list(zero_opt.bit16_groups[gi])
+        P = int(zero_opt.partition_size[gi])
+    elif hasattr(zero_opt, "bf16_groups_flat"):  # BF16_Optimizer (ZeRO-1, bf16 params, fp32 grad accum)
+        flat, params = zero_opt.bf16_groups_flat[gi], list(zero_opt.bf16_groups[gi])
+        P = flat.numel() // world
+    else:
+        raise TypeError(f"unsupported DeepSpeed optimizer {type(zero_opt).__name__}: expected ZeRO stage 1/2")
+    offsets = []
+    for p in params:  # the params' storage are views into the flat buffer
+        off = (p.data_ptr() - flat.data_ptr()) // p.element_size()
+        if p.dtype != flat.dtype or not 0 <= off <= flat.numel() - p.numel():
+            raise RuntimeError("ZeRO parameter is not a view into its flat group buffer")
+        offsets.append(off)
+    if P * world != flat.numel():
+        raise RuntimeError(f"ZeRO partitions are not equal-sized ({flat.numel()} elements, {world} ranks)")
+    return flat, params, offsets, P
+
+
+class ZeroShardedOptimizer(torch.optim.Optimizer):
+    """ZeRO-1/2 client optimizer: AdamW groups on flat partitions; the Muon family on whole
+    matrices at an owner rank (see the module docstring).
+
+    Build it on the model, pass it to ``deepspeed.initialize`` (DeepSpeed replaces each group's
+    params by this rank's flat fp32 partition), then call ``bind(engine.optimizer, grad_clip)``.
+    """
+
+    def __init__(self, model: nn.Module, cfg: OptimConfig) -> None:
+        check_zero_optimizer(cfg)
+        self.cfg = cfg
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("model has no trainable parameters")
+        matrices = [(n, p) for n, p in named if cfg.name != "adamw" and is_matrix_param(n, p)]
+        rest = [(n, p) for n, p in named if not (cfg.name != "adamw" and is_matrix_param(n, p))]
+        if cfg.name != "adamw" and not matrices:
+            raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to orthogonalise")
+        groups: list[dict[str, Any]] = []
+        if matrices:
+            groups.append({"params": [p for _, p in matrices], ROLE: "matrix", "lr": cfg.lr,
+                           "weight_decay": cfg.weight_decay})
+        adam_groups = []
+        if rest:  # the same groups (decay / exemption) and hyperparameters as single-process routing
+            for g in build_adamw(rest, model, cfg).param_groups:
+                g = {k: v for k, v in g.items() if k != "param_names"}
+                g[ROLE] = "adamw"
+                adam_groups.append(g)
+            groups.extend(adam_groups)
+        super().__init__(groups, dict(lr=cfg.lr))
+        self._param_names = {id(p): n for n, p in named}
+        # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
+        # the same state dict, so a checkpoint of this optimizer includes its moments.
+        self._adam = torch.optim.AdamW(adam_groups) if adam_groups else None
+        self._muon: Optional[MuonFamily] = None
+        self._layout: Optional[MatrixLayout] = None
+        self._staging: list[Tensor] = []  # owned matrices, whole, fp32 (the MuonFamily params)
+        self._part: Optional[Tensor] = None  # the matrix group's master partition (DeepSpeed's)
+        self._split: list[bool] = []  # per owned matrix: straddles a partition boundary
+        self._kept_split: list[Piece] = []  # this rank's own pieces of split matrices it owns
+        self._grad_norm: Callable[[], Any] = lambda: None
+        self._max_norm = 0.0
+        self._group: Any = None  # DeepSpeed's data-parallel process group of the matrix group
+        self._device = torch.device("cpu")
+        self._bound = False
+
+    # ---------------------------------------------------------------- after deepspeed.initialize
+    def bind(self, zero_opt: Any, max_norm: float) -> None:
+        """Learn the partition layout from DeepSpeed's ZeRO optimizer and build the owner-side
+        MuonFamily over this rank's whole matrices. Collective-free; call once on every rank."""
+        self._max_norm = float(max_norm)
+        self._grad_norm = lambda: getattr(zero_opt, "_global_grad_norm", None)
+        gi = next((i for i, g in enumerate(self.param_groups) if g[ROLE] == "matrix"), None)
+        if gi is not None:
+            group_pg = zero_opt.real_dp_process_group[gi]
+            self._group = group_pg
+            world, rank = dist.get_world_size(group_pg), dist.get_rank(group_pg)
+            flat, params, offsets, P = _zero_group_layout(zero_opt, gi, world)
+            names = [self._param_names[id(p)] for p in params]
+            layout = build_layout(names, [p.shape for p in params], offsets, P, rank, world)
+            part = self.param_groups[gi]["params"][0]
+            # Our reading of the layout must agree with DeepSpeed's: the master partition is a copy
+            # of this rank's slice of the flat buffer (one-time check).
+            if (part.numel() != P or part.dtype != torch.float32
+                    or not torch.equal(part, flat.narrow(0, rank * P, P).to(torch.float32))):
+                raise RuntimeError("the ZeRO master partition does not match the flat-buffer layout read "
+                                   f"from {type(zero_opt).__name__}; this DeepSpeed version is not supported")
+            self._layout, self._device, self._part = layout, part.device, part
+            # A matrix that lies whole in this rank's partition is handed to MuonFamily as a view of
+            # the master partition (updated in place, no copy); one that straddles a boundary gets a
+            # persistent fp32 buffer that the exchange fills and empties every step.
+            self._split = [len(layout.pieces[k]) > 1 for k in layout.owned]
+            self._kept_split = [pc for pc in layout.kept if self._split[layout.slot[pc.k]]]
+            self._staging = []
+            for k in layout.owned:
+                (first, *more) = layout.pieces[k]
+                if more:
+                    self._staging.append(torch.zeros(layout.shapes[k], dtype=torch.float32, device=part.device))
+                else:
+                    self._staging.append(part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
+            if self._staging:
+                owned = [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)]
+                self._muon = MuonFamily(owned, **muon_family_kwargs(self.cfg))
+        self._bound = True
+
+    # ---------------------------------------------------------------- the step
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """DeepSpeed calls this once per group (ZeRO-1/2) or once for all groups (BF16 ZeRO-1)."""
+        if closure is not None:
+            raise RuntimeError("ZeroShardedOptimizer does not support closures")
+        if not self._bound:
+            raise RuntimeError("ZeroShardedOptimizer.bind() must be called after deepspeed.initialize")
+        coef = self._clip_coefficient()
+        adam_groups = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and coef is not None:
+                    p.grad.mul_(coef.to(p.grad.device))
+            if group[ROLE] == "matrix":
+                self._matrix_step(group)
+            else:
+                adam_groups.append(group)
+        if adam_groups:
+            self._adam.param_groups = adam_groups
+            self._adam.state = self.state
+            self._adam.step()
+        return None
+
+    def _clip_coefficient(self) -> Optional[Tensor]:
+        """min(1, max_norm / (‖g‖ + 1e-6)) as clip_grad_norm_ computes it; None when disabled."""
+        if not self._max_norm > 0 or math.isinf(self._max_norm):
+            return None
+        norm = self._grad_norm()
+        if norm is None:
+            raise RuntimeError("DeepSpeed did not compute the global gradient norm "
+                               "(zero_optimization.compute_grad_norm must stay true)")
+        norm = torch.as_tensor(norm, dtype=torch.float32)
+        return (self._max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+    def _matrix_step(self, group: dict[str, Any]) -> None:
+        """Whole-matrix MuonFamily step at the owners; see the module docstring."""
+        layout = self._layout
+        part = group["params"][0]  # this rank's fp32 master partition of the matrix group
+        if part is not self._part:
+            raise RuntimeError("DeepSpeed replaced the ZeRO master partition after bind()")
+        grad = part.grad if part.grad is not None else torch.zeros_like(part)
+        split = self._split
+        grads = [torch.empty_like(w) if sp else grad.narrow(0, layout.pieces[k][0].part_off, w.numel()).view_as(w)
+                 for k, w, sp in zip(layout.owned, self._staging, split)]
+
+        def local(t: Tensor, pc: Piece) -> Tensor:
+            return t.narrow(0, pc.part_off, pc.n)
+
+        def whole(ts: list[Tensor], pc: Piece) -> Tensor:
+            return ts[layout.slot[pc.k]].view(-1).narrow(0, pc.mat_off, pc.n)
+
+        kept = self._kept_split
+        # 1. G and W pieces to their owners: own pieces copied, the rest in one all_to_all
+        for pc in kept:
+            whole(grads, pc).copy_(local(grad, pc))
+            whole(self._staging, pc).copy_(local(part, pc))
+        if layout.needs_exchange:
+            chunks = []
+            for lst in layout.outgoing:  # per peer: its G pieces, then its W pieces
+                chunks += [local(grad, pc) for pc in lst] + [local(part, pc) for pc in lst]
+            recv = part.new_empty(2 * sum(_numel(lst) for lst in layout.incoming))
+            dist.all_to_all_single(recv, _cat(chunks, part), [2 * _numel(lst) for lst in layout.incoming],
+                                   [2 * _numel(lst) for lst in layout.outgoing], group=self._group)
+            at = 0
+            for lst in layout.incoming:
+                size = _numel(lst)
+                for pc in lst:
+                    whole(grads, pc).copy_(recv.narrow(0, at, pc.n))
+                    whole(self._staging, pc).copy_(recv.narrow(0, at + size, pc.n))
+                    at += pc.n
+                at += size
+
+        # 2. the single-process MuonFamily step, unchanged, on whole fp32 matrices
+        if self._muon is not None:
+            for w, g in zip(self._staging, grads):
+                w.grad = g
+            self._muon.param_groups[0]["lr"] = group["lr"]
+            self._muon.step()
+            for w in self._staging:
+                w.grad = None
+        del grads
+
+        # 3. updated master-weight pieces back to the ranks whose partitions hold them
+        for pc in kept:
+            local(part, pc).copy_(whole(self._staging, pc))
+        if layout.needs_exchange:
+            back = _cat([whole(self._staging, pc) for lst in layout.incoming for pc in lst], part)
+            recv = part.new_empty(sum(_numel(lst) for lst in layout.outgoing))
+            dist.all_to_all_single(recv, back, [_numel(lst) for lst in layout.outgoing],
+                                   [_numel(lst) for lst in layout.incoming], group=self._group)
+            at = 0
+            for lst in layout.outgoing:
+                for pc in lst:
+                    local(part, pc).copy_(recv.narrow(0, at, pc.n))
+                    at += pc.n
+
+    # ---------------------------------------------------------------- calibration, diagnostics
+    def calibration_constants(self) -> dict[str, float]:
+        """{matrix name: c} for lazily calibrated variants ({} otherwise). Collective (one
+        all_reduce); c = 0 means "not calibrated yet", as in MuonFamily."""
+        layout = self._layout
+        if layout is None or not self._lazily_calibrated():
+            return {}
+        values = torch.zeros(len(layout.names), dtype=torch.float32, device=self._device)
+        for k, w in zip(layout.owned, self._staging):
+            values[k] = self._muon.state[w]["c"]
+        if layout.world > 1:
+            dist.all_reduce(values, group=self._group)  # each entry is non-zero on its owner only
+        return dict(zip(layout.names, values.tolist()))
+
+    def set_calibration_constants(self, constants: dict[str, float]) -> None:
+        """Restore c on the owners from `calibration_constants()` output (e.g. a checkpoint's)."""
+        layout = self._layout
+        if layout is None or not self._lazily_calibrated():
+            return
+        missing = sorted(set(layout.names) - set(constants))
+        if missing:
+            raise ValueError(f"calibration constants missing for {missing[:3]} (of {len(missing)})")
+        for k, w in zip(layout.owned, self._staging):
+            self._muon.state[w]["c"] = torch.tensor(constants[layout.names[k]], dtype=torch.float32,
+                                                    device=w.device)
+
+    def _lazily_calibrated(self) -> bool:  # known on every rank, owner of matrices or not
+        return self.cfg.name in PRESETS and PRESETS[self.cfg.name].calibration == "lazy"
+
+    def diagnostics(self) -> dict[str, float]:
+        """The ``diag/...`` keys of ``orscale.collect_diagnostics`` for all matrices. Collective: call
+        it on every rank at the same step (one all_gather_object, only on logging steps)."""
+        if self._layout is None:
+            return {}
+        mine: tuple[list, list, list, list] = ([], [], [], [])
+        if self._muon is not None:
+            mine = self._muon.diagnostic_rows()
+        parts = [mine]
+        if self._layout.world > 1:
+            parts = [None] * self._layout.world
+            dist.all_gather_object(parts, mine, group=self._group)
+        merged = [sum((list(p[i]) for p in parts), []) for i in range(4)]
+        if not merged[0]:
+            return {}
+        return summarize(*merged)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["orscale_matrix"] = {
+            "owned": [self._layout.names[k] for k in self._layout.owned] if self._layout else [],
+            "state": self._muon.state_dict() if self._muon is not None else None,
+        }
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("orscale_matrix", None)
+        super().load_state_dict(state_dict)
+        owned = [self._layout.names[k] for k in self._layout.owned] if self._layout else []
+        if extra is None or extra["owned"] != owned:
+            raise ValueError("this ZeRO optimizer state was saved with a different matrix layout "
+                             "(data-parallel size, model or optimizer changed)")
+        if self._muon is not None:
+            self._muon.load_state_dict(extra["state"])
+
+
+def _numel(pieces: list[Piece]) -> int:
+    return sum(pc.n for pc in pieces)
+
+
+def _cat(tensors: list[Tensor], like: Tensor) -> Tensor:
+    return torch.cat(tensors) if tensors else like.new_empty(0)
