@@ -18,6 +18,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Small matmuls on a shared 2-core box: OpenMP threads contending with other processes turn
+    microsecond ops into 15 ms ones. One thread is faster; restored after the module."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
     from data import load_tokenizer

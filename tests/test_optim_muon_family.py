@@ -18,14 +18,7 @@ from orscale.variants import PRESETS
 EPS = 1e-6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls on a shared 2-core box: OpenMP threads contending with other processes turn
-    # microsecond ops into 15 ms ones. One thread is faster here; restored after this module.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- helpers

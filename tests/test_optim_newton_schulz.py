@@ -18,14 +18,7 @@ from orscale.newton_schulz import (
 SHAPES = [(64, 64), (128, 32), (32, 128), (96, 48), (48, 96), (384, 96)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small matmuls on a shared 2-core box: OpenMP threads contending with other processes turn
-    # microsecond ops into 15 ms ones. One thread is faster here; restored after this module.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _conditioned(m: int, n: int, cond: float, gen: torch.Generator) -> torch.Tensor:

@@ -14,14 +14,7 @@ from orscale import OPTIMIZER_NAMES, MuonFamily, build_optimizers, lr_at, set_lr
 from orscale.routing import canonical_name
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small matmuls on a shared 2-core box: OpenMP threads contending with other processes turn
-    # microsecond ops into 15 ms ones. One thread is faster here; restored after this module.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

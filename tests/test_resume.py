@@ -71,14 +71,20 @@ def test_sigkill_then_auto_resume_is_bit_exact_zero2_two_ranks(tmp_path):
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
 
 
+def _calibration(run_dir: Path) -> dict[str, float]:
+    """The calibration constants (per matrix class) in the last training line of metrics.jsonl."""
+    last = [m for m in metrics(run_dir) if "train_loss" in m][-1]
+    return {k: v for k, v in last.items() if k.endswith("/c")}
+
+
 @pytest.mark.distributed
 def test_save_on_two_ranks_resume_on_one_sees_every_window_once(tmp_path):
     run_dir = tmp_path / "run"
     common = [f"run.dir={run_dir}", "optim.name=orscale_lm", "train.record_windows=true", "train.eval_every=0"]
     run_train([*common, "parallel.backend=fsdp", "train.max_steps=4"], nproc=2)
-    c_before = {k: v for k, v in [m for m in metrics(run_dir) if "train_loss" in m][-1].items() if k.endswith("/c")}
+    c_before = _calibration(run_dir)
     run_train([*common, "train.max_steps=8"], nproc=1)
-    c_after = {k: v for k, v in [m for m in metrics(run_dir) if "train_loss" in m][-1].items() if k.endswith("/c")}
+    c_after = _calibration(run_dir)
     # Calibration constants travel with the checkpoint; recomputing them from the trained weights
     # would give other values.
     assert c_before and c_after == pytest.approx(c_before, rel=1e-6)
