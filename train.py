@@ -25,7 +25,7 @@ import torch
 from data import PackedLoader, build_val_set, load_tokenizer
 from launch import checkpoint as ckpt
 from launch.config import Config, ConfigError, UserError, load_config, to_dict
-from launch.distributed import DistEnv, all_reduce_sum, init_distributed, shutdown
+from launch.distributed import DistEnv, all_reduce_sum, barrier, init_distributed, shutdown
 from launch.parallelize import build_model, no_sync, wrap_for_training
 from launch.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.runlog import RunDir, git_commit, setup_logging
@@ -152,6 +152,7 @@ def train(cfg: Config) -> dict:
         check_resume_compatible(ckpt.read_meta(resume_from), meta)
         if use_zero:
             check_checkpoint_world_size(resume_from / "zero", env.world_size)
+    barrier()  # every rank has looked at the run dir before rank 0 starts writing to it
 
     # ---- model, parallelism, optimizers
     model = build_model(model_cfg, cfg, env)
