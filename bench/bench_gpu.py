@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch.config import load_config  # noqa: E402
 from launch.distributed import init_distributed, shutdown  # noqa: E402
-from launch.parallelize import build_model, no_sync  # noqa: E402
+from launch.parallelize import build_model  # noqa: E402
 from orscale import build_optimizers  # noqa: E402
 from orscale.schedule import set_lr  # noqa: E402
 
@@ -57,7 +57,7 @@ def run(preset: str, optim: str, args) -> None:
         torch.cuda.reset_peak_memory_stats()
 
     def step() -> None:
-        with no_sync(model, True), torch.autocast(env.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        with torch.autocast(env.device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -80,9 +80,6 @@ def run(preset: str, optim: str, args) -> None:
     if env.is_main:
         print(f"{preset:>5} {optim:>11}: {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}%, peak memory {mem:.1f} GiB "
               f"(micro-batch {args.micro_batch} x {seq}, {env.world_size} GPU(s), compile={args.compile})", flush=True)
-    del model, optimizers
-    if env.device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def main() -> None:

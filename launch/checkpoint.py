@@ -4,6 +4,7 @@ Layout of `checkpoints/step_NNNNNNNN/`:
   dcp/           model + every optimizer (momentum, AdamW moments, fp32 calibration constants),
                  written by all ranks through DCP, so it loads at any world size;
   rank{r}.pt     rank r's data-loader state (its logical shards) and RNG states;
+  zero/ + model.safetensors   instead of dcp/ for DeepSpeed ZeRO runs (same world size only);
   meta.json      step, tokens, world size, resolved config, git commit (written last).
 Everything is written under `.tmp_step_N/` and renamed when complete, so a crash mid-save never
 leaves a broken checkpoint; `latest` names the newest complete one. Loading uses DCP and
@@ -22,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launch.distributed import DistEnv, barrier
@@ -76,6 +78,10 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
     barrier()
     if zero is not None:
         zero.save(str(tmp / "zero"), {})
+        if env.is_main:  # ZeRO-1/2 keep whole weights on every rank: a safe copy for export/eval
+            # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
+            weights = {k: v.detach().clone().contiguous() for k, v in zero.model.state_dict().items()}
+            save_file(weights, str(tmp / "model.safetensors"))
     else:
         model_sd, optim_sd = get_state_dict(model, optimizers)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
@@ -138,6 +144,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizers: list, 
 def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
     """Model weights only (e.g. for export), into a plain single-process model. Returns meta."""
     path = Path(path)
+    if (path / "model.safetensors").is_file():  # a ZeRO checkpoint
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        return read_meta(path)
     sd = model.state_dict()
     dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
     model.load_state_dict(sd)

@@ -7,6 +7,7 @@ RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; nothing here depends
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +50,8 @@ def check_backend(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"launched with {world_size} processes but parallel.backend=none; "
                           "set parallel.backend to ddp, fsdp, zero1 or zero2")
     if backend in ("zero1", "zero2"):
-        try:
-            import deepspeed  # noqa: F401
-        except ImportError:
-            raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed") from None
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed")
     # `accelerate launch` with our shipped configs announces the backend it was set up for.
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and backend != "fsdp":
         raise ConfigError(f"launched by accelerate with an FSDP config but parallel.backend={backend}; "

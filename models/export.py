@@ -27,7 +27,6 @@ import torch
 from data.errors import resolve_path
 from launch.config import UserError
 from models.gpt import GPT, GPTConfig
-from models.presets import get_preset
 
 class ExportError(UserError):
     """A user error in an export (bad checkpoint, occupied output, unsupported tokenizer): one line."""
@@ -189,34 +188,27 @@ def _publish(tmp: Path, out: Path) -> None:
 
 # ---- checkpoint reading: the only part that knows the checkpoint format -------------------------
 
-def _gpt_config(recorded: Any, run_config: Any) -> GPTConfig:
-    """The GPTConfig the trainer recorded (its fields as a dict), else the run config's preset +
-    model.* overrides, resolved as train.py does."""
-    if isinstance(recorded, dict):
-        names = {f.name for f in fields(GPTConfig)}
-        return GPTConfig(**{k: v for k, v in recorded.items() if k in names})
-    try:
-        m = run_config["model"]
-        return get_preset(m.get("preset", "tiny"), **{k: m.get(k) for k in
-                                                      ("n_layer", "d_model", "n_head", "max_seq_len", "vocab_size")})
-    except (KeyError, TypeError, ValueError) as err:
-        raise ExportError(f"the checkpoint's model config cannot be resolved ({err})") from None
+def _gpt_config(recorded: Any) -> GPTConfig:
+    """The GPTConfig the trainer recorded in meta.json (its fields as a dict)."""
+    if not isinstance(recorded, dict):
+        raise ExportError("the checkpoint's meta.json records no model config")
+    names = {f.name for f in fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in recorded.items() if k in names})
 
 
 def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str]:
     """(state dict, GPTConfig, tokenizer path) from a checkpoint step directory, a checkpoints root
-    (its `latest` file names the step) or a run directory. Reads the DCP format (meta.json + dcp/)
-    and the earlier single-file state.pt."""
+    (its `latest` file names the step) or a run directory, as `launch.checkpoint` writes them."""
     path = Path(path)
     for root in (path, path / "checkpoints"):
         if (root / "latest").is_file():
             path = root / (root / "latest").read_text().strip()
             break
-    if (path / "meta.json").is_file() and (path / "dcp").is_dir():
-        from launch.checkpoint import load_model_weights, read_meta
+    from launch.checkpoint import _complete, load_model_weights, read_meta
 
+    if _complete(path):
         meta = read_meta(path)
-        cfg = _gpt_config(meta.get("model"), meta.get("config"))
+        cfg = _gpt_config(meta.get("model"))
         with torch.device("meta"):  # shapes only: the checkpoint supplies every value
             model = GPT(cfg)
         model.to_empty(device="cpu")
@@ -224,12 +216,9 @@ def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor],
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             load_model_weights(path, model)
         state_dict = dict(model.state_dict())
-    elif (path / "state.pt").is_file():
-        meta = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-        state_dict, cfg = meta["model"], _gpt_config(None, meta.get("config"))
     else:
-        raise ExportError(f"no checkpoint at '{path}' (expected a step directory with meta.json + dcp/ "
-                          "or state.pt, or a checkpoints root with a `latest` file)")
+        raise ExportError(f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
+                          "root with a `latest` file, or a run directory)")
     try:
         tokenizer = meta["config"]["data"]["tokenizer"]
     except (KeyError, TypeError):

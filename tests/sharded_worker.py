@@ -12,7 +12,6 @@ one JSON file with the numbers; the tests assert on them.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys

@@ -147,25 +147,11 @@ def test_cli_exports_checkpoint_root(tmp_path):
     assert_same_logits(model, out)
 
 
-def test_cli_exports_legacy_state_pt_from_run_config(tmp_path):
-    """The earlier single-file format: no recorded GPTConfig, so it comes from preset + overrides."""
-    model = random_gpt(seed=2)
-    step = tmp_path / "checkpoints" / "step_00000007"
-    step.mkdir(parents=True)
-    config = to_dict(load_config(str(ROOT / "configs/tiny.yaml"), OVERRIDES))
-    torch.save({"model": model.state_dict(), "config": config}, step / "state.pt")
-    (step.parent / "latest").write_text(step.name + "\n")
-    out = tmp_path / "hf"
-    assert main(["--checkpoint", str(tmp_path), "--out", str(out)]) == 0  # a run directory
-    assert_same_logits(model, out)
-
-
 def test_cli_refuses_non_empty_out_and_missing_checkpoint(tmp_path, capsys):
     model = random_gpt()
-    step = tmp_path / "ckpt"
-    step.mkdir()
-    torch.save({"model": model.state_dict(), "config": to_dict(load_config(str(ROOT / "configs/tiny.yaml"),
-                                                                            OVERRIDES))}, step / "state.pt")
+    meta = {"config": to_dict(load_config(str(ROOT / "configs/tiny.yaml"), OVERRIDES)), "model": vars(model.cfg)}
+    step = save_checkpoint(tmp_path / "ckpt", 1, model, [], {"shards": {}, "turn": 0}, meta,
+                           DistEnv(0, 1, 0, torch.device("cpu"), "none"))
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
