@@ -227,11 +227,8 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: Config) -> None:
-    """Value checks that types alone cannot express. Model-shape checks live with the model."""
-    o, t, d = cfg.optim, cfg.train, cfg.data
-    _require(cfg.run.resume in ("auto", "none") or bool(cfg.run.resume),
-             "run.resume must be auto, none or a checkpoint path")
+def validate_optim(o: OptimConfig) -> None:
+    """Value checks of optim.* (also used by `orscale.build_optimizers` on configs built in code)."""
     _require(o.lr >= 0, f"optim.lr must be >= 0, got {o.lr}")
     _require(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
@@ -239,13 +236,21 @@ def validate(cfg: Config) -> None:
     _require(0 <= o.momentum < 1, f"optim.momentum must be in [0, 1), got {o.momentum}")
     _require(0 < o.r_min <= o.r_max,
              f"optim.r_min ({o.r_min}) must be > 0 and <= optim.r_max ({o.r_max})")
-    _require(o.ns_coefficients in ("polar_express", "jordan"),
-             f"optim.ns_coefficients must be polar_express or jordan, got {o.ns_coefficients!r}")
     _require(o.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {o.ns_dtype!r}")
     _require(o.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {o.ns_steps}")
     _require(o.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 disables), got {o.grad_clip}")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _require(0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
+    _require(o.trust_eps > 0, f"optim.trust_eps must be > 0, got {o.trust_eps}")
+    _require(o.eps > 0, f"optim.eps must be > 0, got {o.eps}")
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that types alone cannot express. Model-shape checks live with the model."""
+    o, t, d = cfg.optim, cfg.train, cfg.data
+    _require(cfg.run.resume in ("auto", "none") or bool(cfg.run.resume),
+             "run.resume must be auto, none or a checkpoint path")
+    validate_optim(o)
     _require(t.max_steps >= 1, f"train.max_steps must be >= 1, got {t.max_steps}")
     _require(t.micro_batch_size >= 1, f"train.micro_batch_size must be >= 1, got {t.micro_batch_size}")
     _require(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")

@@ -20,7 +20,7 @@ import re
 import torch
 from torch import nn
 
-from launch.config import ConfigError, OptimConfig
+from launch.config import ConfigError, OptimConfig, validate_optim
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
 from orscale.sharded import MODES, ReplicatedMuonFamily, ShardedMuonFamily
@@ -49,31 +49,10 @@ def check_optim_config(cfg: OptimConfig) -> None:
         raise ConfigError(
             f"optim.name {cfg.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}"
         )
-    if cfg.lr < 0:
-        raise ConfigError(f"optim.lr must be >= 0, got {cfg.lr}")
-    if cfg.weight_decay < 0:
-        raise ConfigError(f"optim.weight_decay must be >= 0, got {cfg.weight_decay}")
-    if not (0 < cfg.r_min <= cfg.r_max):
-        raise ConfigError(
-            f"optim.r_min ({cfg.r_min}) must be > 0 and <= optim.r_max ({cfg.r_max})"
-        )
-    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
-        raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {cfg.betas}")
-    if not 0 <= cfg.momentum < 1:
-        raise ConfigError(f"optim.momentum must be in [0, 1), got {cfg.momentum}")
     if cfg.ns_coefficients not in NS_COEFFICIENT_SETS:
-        raise ConfigError(
-            f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, "
-            f"got {cfg.ns_coefficients!r}"
-        )
-    if cfg.ns_dtype not in ("bf16", "fp32"):
-        raise ConfigError(f"optim.ns_dtype must be bf16 or fp32, got {cfg.ns_dtype!r}")
-    if cfg.ns_steps < 1:
-        raise ConfigError(f"optim.ns_steps must be >= 1, got {cfg.ns_steps}")
-    if cfg.trust_eps <= 0:
-        raise ConfigError(f"optim.trust_eps must be > 0, got {cfg.trust_eps}")
-    if cfg.eps <= 0:
-        raise ConfigError(f"optim.eps must be > 0, got {cfg.eps}")
+        raise ConfigError(f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, "
+                          f"got {cfg.ns_coefficients!r}")
+    validate_optim(cfg)
 
 
 def _embedding_params(model: nn.Module) -> set[int]:
