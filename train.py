@@ -271,9 +271,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UserError as err:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {err}", file=sys.stderr)
+        shutdown(clean=False)
         return 2
-    finally:
-        shutdown()
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    shutdown()
     return 0
 
 

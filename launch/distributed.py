@@ -101,8 +101,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def shutdown() -> None:
+def shutdown(clean: bool = True) -> None:
+    """Destroy the process group. `clean`: first wait for every rank, so no rank tears down gloo
+    while a peer is still inside its last collective (that aborts the peer). Skip the barrier on
+    error paths, where a peer may be gone."""
     if dist.is_available() and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 
