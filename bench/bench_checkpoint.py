@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch import checkpoint as ckpt  # noqa: E402
-from launch.config import OptimConfig  # noqa: E402
+from launch.checkpoint import Checkpointer, ModelAndOptimizers  # noqa: E402
 from launch.distributed import DistEnv  # noqa: E402
+from launch.train_state import TrainState  # noqa: E402
 from models import GPT, get_preset  # noqa: E402
-from orscale import build_optimizers  # noqa: E402
+from orscale import OptimConfig, build_optimizers  # noqa: E402
 
 
 def size_of(path: Path) -> int:
@@ -46,12 +46,13 @@ def main() -> None:
             opt.step()
         root = Path(tempfile.mkdtemp())
         t0 = time.perf_counter()
-        path = ckpt.save_checkpoint(root, 1, model, optimizers, {"turn": 0, "shards": {}}, {}, env)
+        parts = {"train_state": TrainState(0, 1)}
+        path = Checkpointer(root, env, [ModelAndOptimizers(model, optimizers)], parts).save(1, {})
         save_s = time.perf_counter() - t0
         fresh = GPT(cfg)
         fresh_opts = build_optimizers(fresh, OptimConfig(name=args.optim, ns_steps=1))
         t0 = time.perf_counter()
-        ckpt.load_checkpoint(path, fresh, fresh_opts, env)
+        Checkpointer(root, env, [ModelAndOptimizers(fresh, fresh_opts)], parts).load(path)
         load_s = time.perf_counter() - t0
         print(f"{preset:>5} {args.optim}: {model.num_params() / 1e6:.1f}M params, checkpoint "
               f"{size_of(path) / 2**20:.1f} MiB, save {save_s:.2f} s, load {load_s:.2f} s")

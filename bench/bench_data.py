@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data import PackedLoader, iter_documents, load_tokenizer  # noqa: E402
-from launch.config import DataConfig  # noqa: E402
+from data import DataConfig  # noqa: E402
 
 CORPUS = ["assets/corpus/fineweb_edu_sample10BT_first150.jsonl", "assets/corpus/fineweb_sample10BT_first300.jsonl"]
 

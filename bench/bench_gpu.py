@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch.config import load_config  # noqa: E402
-from launch.distributed import init_distributed, shutdown  # noqa: E402
+from launch.distributed import compute_dtype, init_distributed, shutdown  # noqa: E402
 from launch.parallelize import build_model  # noqa: E402
 from orscale import build_optimizers  # noqa: E402
 from orscale.schedule import set_lr  # noqa: E402
@@ -48,10 +48,10 @@ def run(preset: str, optim: str, args) -> None:
     from models import get_preset
 
     model_cfg = get_preset(preset)
-    model = build_model(model_cfg, cfg, env)
+    dtype = compute_dtype(cfg.train.dtype, env.device)
+    model = build_model(model_cfg, cfg.parallel, cfg.train.seed, env, dtype)
     optimizers = build_optimizers(model, cfg.optim, backend=cfg.parallel.backend, mode=cfg.parallel.muon_mode)
     set_lr(optimizers, cfg.optim.lr)
-    dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
     tokens = torch.randint(0, 50257, (args.micro_batch, seq + 1), device=env.device)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

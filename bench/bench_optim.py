@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launch.config import OptimConfig  # noqa: E402
+from orscale import OptimConfig  # noqa: E402
 from orscale import MuonFamily, build_optimizers  # noqa: E402
 
 SHAPES_125M = {"attn.qkv": (2304, 768), "attn.out": (768, 768), "mlp.up": (3072, 768),

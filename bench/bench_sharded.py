@@ -11,7 +11,7 @@ last step:
 1. Newton–Schulz calls per rank on 2 ranks ÷ on 1 (target ≈ 0.5 in owner mode; replicate = 1);
 2. bytes sent per step by the Muon optimizer's collectives ÷ matrix-parameter bytes (fp32):
    per rank and summed over ranks (target ≤ 2). all_to_all counts the bytes leaving the rank;
-   all_gather and all_reduce count a ring algorithm's share (orscale/sharded.py);
+   all_gather and all_reduce count a ring algorithm's share (orscale/distributed/owners.py);
 3. the Muon step's wall time (median; 2 shared CPU cores, so only a rough figure).
 """
 
@@ -38,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from launch.config import OptimConfig
+    from orscale import OptimConfig
     from models.gpt import GPT
     from models.presets import get_preset
     from orscale import MuonFamily, build_optimizers, set_lr

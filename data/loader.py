@@ -17,10 +17,10 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from data.data_config import DataConfig
 from data.errors import DataError, first_line
 from data.stream import iter_documents
 from data.tokenizer import TextTokenizer
-from launch.config import DataConfig
 
 log = logging.getLogger("orscale.data")
 
@@ -77,6 +77,7 @@ class PackedLoader:
     def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, first_doc: int,
                  rank: int = 0, world_size: int = 1) -> None:
         self.cfg, self.tokenizer, self.first_doc = cfg, tokenizer, first_doc
+        self.rank, self.world_size = rank, world_size
         self.owned = [s for s in range(cfg.logical_shards) if s % world_size == rank]
         if not self.owned:
             raise DataError(
@@ -156,3 +157,14 @@ class PackedLoader:
             self.buffers[s] = shards[s]["buffer"].numpy().astype(np.int64)
         self.turn = int(state.get("turn", 0))
         self._docs = None
+
+    def load_rank_states(self, states: list[dict]) -> None:
+        """Restore from the `state_dict()`s of every rank of a saved run, in rank order, whatever its
+        world size: the logical shards are merged and this rank keeps its own. At the same world
+        size the round-robin pointer continues; on a new shard layout it restarts (no document is
+        lost: positions are per shard)."""
+        shards: dict = {}
+        for state in states:
+            shards.update(state["shards"])
+        turn = states[self.rank]["turn"] if len(states) == self.world_size else 0
+        self.load_state_dict({"shards": shards, "turn": turn})

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
-from data.errors import DataError, first_line, resolve_path
-from launch.config import DataConfig
+from data.data_config import DataConfig
+from data.errors import DataError, first_line
+from data.paths import resolve_path
 
 log = logging.getLogger("orscale.data")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data.errors import DataError, first_line, resolve_path
+from data.errors import DataError, first_line
+from data.paths import resolve_path
 
 # Tried in order when a tokenizer.json does not say which token ends a document.
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>")

@@ -1,44 +1,79 @@
-"""Checkpoints with `torch.distributed.checkpoint` (DCP): sharded, atomic, bounded, elastic.
+"""Checkpoints made of parts that save and load themselves (torchtitan's way): atomic, bounded,
+elastic. The checkpointer never looks inside a part; it only orders the writes, publishes the
+result atomically and finds complete checkpoints again.
 
-Layout of `checkpoints/step_NNNNNNNN/`:
-  dcp/           model + every optimizer (momentum, AdamW moments, fp32 calibration constants),
-                 written by all ranks through DCP, so it loads at any world size;
-  rank{r}.pt     rank r's data-loader state (its logical shards) and RNG states;
-  zero/ + model.safetensors   instead of dcp/ for DeepSpeed ZeRO runs (same world size only);
-  meta.json      step, tokens, world size, resolved config, git commit (written last).
-Everything is written under `.tmp_step_N/` and renamed when complete, so a crash mid-save never
-leaves a broken checkpoint; `latest` names the newest complete one. Loading uses DCP and
-`torch.load(weights_only=True)`: nothing in a checkpoint can execute code.
+Two kinds of part:
+  * a *sharded* part writes its own files into the step directory, collectively on every rank —
+    the engine (model + optimizers: `dcp/` through `torch.distributed.checkpoint`, or DeepSpeed's
+    `zero/` plus a `model.safetensors` copy of the weights);
+  * a *per-rank* part gives a small `state_dict()` (loader position, step and RNG); every rank's
+    states go into `rank{r}.pt`, and on load the part receives the states of *every* saving rank
+    (`load_rank_states`), so it can merge them when the world size changed.
+
+Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, and `meta.json`
+(step, tokens, world size, resolved config, git commit; written last). Everything is written under
+`.tmp_step_N/` and renamed when complete, so a crash mid-save never leaves a broken checkpoint;
+`latest` names the newest complete one. Per-rank files load with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launch.distributed import DistEnv, barrier
-
-log = logging.getLogger("orscale")
 
 # DCP warns on every single-process save/load that it assumes no process group: that is intended.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 META = "meta.json"
+FORMAT = 2  # 1: rank{r}.pt held {"loader", "rng"} and the step lived in meta.json only
 
 
-def _complete(path: Path) -> bool:
-    saved = (path / "dcp" / ".metadata").is_file() or (path / "zero" / "zero_meta.json").is_file()
-    return (path / META).is_file() and saved
+class ShardedPart(Protocol):
+    def save(self, directory: Path) -> None: ...  # collective: every rank calls it
+
+    def load(self, directory: Path) -> None: ...  # collective
+
+
+class RankPart(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_rank_states(self, states: list[dict[str, Any]]) -> None: ...  # every saving rank's, in rank order
+
+
+class ModelAndOptimizers:
+    """A sharded part: a model and its optimizers (momentum, AdamW moments, fp32 calibration
+    constants) through `torch.distributed.checkpoint` in `dcp/`. Every rank writes its own shards
+    (DTensor-aware under FSDP2), so the checkpoint loads at any world size."""
+
+    def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.module, self.optimizers = module, list(optimizers)
+
+    def save(self, directory: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
+
+    def load(self, directory: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
+        set_state_dict(self.module, self.optimizers, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
+
+def is_complete(path: str | Path) -> bool:
+    """A published checkpoint: meta.json is written last, just before the atomic rename."""
+    return (Path(path) / META).is_file()
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -46,60 +81,41 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def latest_checkpoint(root: str | Path) -> Optional[Path]:
-    """The newest complete checkpoint under `root` (the `latest` pointer, else a scan), or None."""
+    """The newest complete checkpoint under a checkpoints root (the `latest` pointer, else a scan)."""
     root = Path(root)
     pointer = root / "latest"
     if pointer.is_file():
         candidate = root / pointer.read_text().strip()
-        if _complete(candidate):
+        if is_complete(candidate):
             return candidate
-    done = sorted(p for p in root.glob("step_*") if _complete(p))
+    done = sorted(p for p in root.glob("step_*") if is_complete(p))
     return done[-1] if done else None
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
+def find_checkpoint(path: str | Path) -> Optional[Path]:
+    """A complete checkpoint from a step directory, a checkpoints root or a run directory (the
+    newest one of the latter two), or None."""
+    path = Path(path)
+    if is_complete(path):
+        return path
+    return latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
 
 
-def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizers: list,
-                    loader_state: dict, meta: dict[str, Any], env: DistEnv, keep: int = 3,
-                    zero: Any = None) -> Path:
-    """Collective: every rank calls it. Returns the final directory. With a DeepSpeed `zero`
-    engine, its own checkpoint format replaces dcp/ (under zero/; same world size only)."""
-    root = Path(root)
-    final = step_dir(root, step)
-    tmp = root / f".tmp_{final.name}"
-    if env.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
-        tmp.mkdir(parents=True)
-    barrier()
-    if zero is not None:
-        zero.save(str(tmp / "zero"), {})
-        if env.is_main:  # ZeRO-1/2 keep whole weights on every rank: a safe copy for export/eval
-            # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
-            weights = {k: v.detach().clone().contiguous() for k, v in zero.model.state_dict().items()}
-            save_file(weights, str(tmp / "model.safetensors"))
+def read_meta(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / META).read_text())
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
+    """Model weights only (export, evaluation) into a plain single-process model; returns meta.
+    Reads the `model.safetensors` copy of a ZeRO checkpoint, else the `model.*` entries of DCP."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizers)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
-    torch.save({"loader": loader_state, "rng": rng_state()}, tmp / f"rank{env.rank}.pt")
-    barrier()
-    if env.is_main:
-        meta = {**meta, "step": step, "world_size": env.world_size}
-        _write_durable(tmp / META, json.dumps(meta, indent=1))
-        if final.exists():  # the same step saved again (e.g. SIGTERM right after a save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _write_durable(root / ".latest.tmp", final.name + "\n")
-        os.replace(root / ".latest.tmp", root / "latest")
-        done = sorted(p for p in root.glob("step_*") if _complete(p))
-        for old in done[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier()
-    return final
+        sd = model.state_dict()
+        dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
+        model.load_state_dict(sd)
+    return read_meta(path)
 
 
 def _write_durable(path: Path, text: str) -> None:
@@ -109,45 +125,60 @@ def _write_durable(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def read_meta(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / META).read_text())
+def _upgrade_format_1(rank_state: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 rank file as format 2: its RNG and meta.json's step become the train state."""
+    if "train_state" not in rank_state and "rng" in rank_state:
+        rank_state = dict(rank_state)
+        rank_state["train_state"] = {"step": meta["step"], "tokens": meta.get("tokens", 0),
+                                     "rng": rank_state.pop("rng")}
+    return rank_state
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizers: list, env: DistEnv,
-                    zero: Any = None) -> dict[str, Any]:
-    """Restore model and optimizers in place (any world size; ZeRO: the same). Returns meta plus
-    `loader` (the merged shard states of every saving rank) and `rng` (this rank's, if the world
-    size is the same)."""
-    path = Path(path)
-    if zero is not None:
-        zero.load(str(path / "zero"))
-    else:
-        model_sd, optim_sd = get_state_dict(model, optimizers)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    meta = read_meta(path)
-    merged: dict[str, Any] = {"shards": {}, "turn": 0}
-    for r in range(meta["world_size"]):
-        part = torch.load(path / f"rank{r}.pt", map_location="cpu", weights_only=True)
-        merged["shards"].update(part["loader"]["shards"])
-        if r == env.rank:
-            merged["turn"] = part["loader"]["turn"]
-            meta["rng"] = part["rng"]
-    if meta["world_size"] != env.world_size:
-        merged["turn"] = 0  # a new shard layout: the round-robin restarts, no document is lost
-        meta.pop("rng", None)
-    meta["loader"] = merged
-    return meta
+class Checkpointer:
+    """Saves, loads and publishes checkpoints of `sharded` and `per_rank` parts under `root`.
+    Every method is collective (call it on every rank); only rank 0 publishes."""
 
+    def __init__(self, root: str | Path, env: DistEnv, sharded: Sequence[ShardedPart],
+                 per_rank: dict[str, RankPart], keep: int = 3) -> None:
+        self.root, self.env, self.keep = Path(root), env, keep
+        self.sharded, self.per_rank = list(sharded), dict(per_rank)
 
-def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
-    """Model weights only (e.g. for export), into a plain single-process model. Returns meta."""
-    path = Path(path)
-    if (path / "model.safetensors").is_file():  # a ZeRO checkpoint
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
-        return read_meta(path)
-    sd = model.state_dict()
-    dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
-    model.load_state_dict(sd)
-    return read_meta(path)
+    def save(self, step: int, meta: dict[str, Any]) -> Path:
+        """Write every part under `.tmp_step_N/`, then meta.json, rename, point `latest` at it and
+        delete all but the newest `keep` complete checkpoints. Returns the final directory."""
+        final = step_dir(self.root, step)
+        tmp = self.root / f".tmp_{final.name}"
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
+            tmp.mkdir(parents=True)
+        barrier()
+        for part in self.sharded:
+            part.save(tmp)
+        torch.save({name: part.state_dict() for name, part in self.per_rank.items()}, tmp / f"rank{self.env.rank}.pt")
+        barrier()
+        if self.env.is_main:
+            _write_durable(tmp / META, json.dumps({**meta, "step": step, "world_size": self.env.world_size,
+                                                   "format": FORMAT}, indent=1))
+            if final.exists():  # the same step saved again (e.g. SIGTERM right after a save)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _write_durable(self.root / ".latest.tmp", final.name + "\n")
+            os.replace(self.root / ".latest.tmp", self.root / "latest")
+            done = sorted(p for p in self.root.glob("step_*") if is_complete(p))
+            for old in done[:-self.keep] if self.keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+        barrier()
+        return final
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore every part from the checkpoint at `path` (saved at any world size the parts
+        accept); returns its meta."""
+        path = Path(path)
+        meta = read_meta(path)
+        for part in self.sharded:
+            part.load(path)
+        states = [_upgrade_format_1(torch.load(path / f"rank{r}.pt", map_location="cpu", weights_only=True), meta)
+                  for r in range(meta["world_size"])]
+        for name, part in self.per_rank.items():
+            part.load_rank_states([state[name] for state in states])
+        return meta

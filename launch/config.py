@@ -1,8 +1,13 @@
-"""Typed run configuration: YAML file + dotted CLI overrides -> validated dataclasses.
+"""The run configuration: YAML file + dotted CLI overrides -> the sections, composed.
+
+Each section lives beside its owner and checks itself on construction: `model:` in
+`models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`;
+`run:`, `train:` and `parallel:` belong to the launcher and live here. This module only reads
+YAML, applies overrides, type-checks every key and runs the checks that span sections.
 
 Unknown keys, wrong types and impossible values raise `ConfigError` with one line that names the
-key and says what would be valid. Kept dependency-free (dataclasses + PyYAML) because the
-validation rules are small and the error messages matter more than generality.
+key and says what would be valid. Kept dependency-free (dataclasses + PyYAML) because the rules are
+small and the error messages matter more than generality.
 """
 
 from __future__ import annotations
@@ -16,13 +21,37 @@ from typing import Any, Optional
 
 import yaml
 
+from data.data_config import DataConfig
+from data.errors import DataError
+from models.hf_mapping import ExportError
+from models.presets import ModelConfig, ModelConfigError
+from orscale.distributed.owners import MODES
+from orscale.optim_config import OptimConfig, OptimConfigError
+
 
 class UserError(ValueError):
-    """Any user error (config, data, setup): the trainer prints its one-line message and exits 2."""
+    """A user error found by the launcher (setup, run directory, launch): one line, exit 2."""
 
 
 class ConfigError(UserError):
     """A user error in the configuration: the message is one line naming key and fix."""
+
+
+# Everything the trainer reports as one `error: ...` line and exit status 2: the launcher's own
+# errors and those of the sections' owners.
+USER_ERRORS: tuple[type[ValueError], ...] = (UserError, DataError, ModelConfigError, OptimConfigError,
+                                             ExportError)
+# Section checks raise their owner's error; while loading a config they are config errors.
+_SECTION_ERRORS = (DataError, ModelConfigError, OptimConfigError)
+
+BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
+DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 @dataclass
@@ -32,55 +61,9 @@ class RunConfig:
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
     keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted
 
-
-@dataclass
-class ModelConfig:
-    preset: str = "tiny"
-    # Any of these, when set, override the preset's value (e.g. a smaller test model).
-    n_layer: Optional[int] = None
-    d_model: Optional[int] = None
-    n_head: Optional[int] = None
-    max_seq_len: Optional[int] = None
-    vocab_size: Optional[int] = None
-
-
-@dataclass
-class DataConfig:
-    # A hub dataset name (e.g. HuggingFaceFW/fineweb-edu) or a builder such as "json"/"parquet"
-    # together with data_files. Relative paths resolve against the project root.
-    source: str = "json"
-    subset: Optional[str] = None  # hub config name, e.g. sample-10BT
-    data_files: list[str] = field(default_factory=list)
-    split: str = "train"
-    text_field: str = "text"
-    tokenizer: str = "assets/tokenizers/gpt2"
-    seq_len: int = 256
-    val_tokens: int = 16384  # constant validation size: identical for every run
-    val_batch_size: int = 8
-    encode_batch_docs: int = 64  # documents tokenised per encode_batch call
-    logical_shards: int = 16  # fixed split of the stream, independent of the world size
-
-
-@dataclass
-class OptimConfig:
-    name: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    exempt_norms_and_embeddings: bool = False  # AdamW: no decay on norm gains / embeddings
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_coefficients: str = "polar_express"  # polar_express | jordan
-    ns_dtype: str = "bf16"  # bf16 | fp32 (fp32 for exact equality tests)
-    r_min: float = 0.1
-    r_max: float = 5.0
-    trust_eps: float = 1e-6
-    grad_clip: float = 1.0  # global grad-norm clip; 0 disables
-    diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
-    warmup_steps: int = 1000
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak LR
+    def __post_init__(self) -> None:
+        _require(self.resume in ("auto", "none") or bool(self.resume),
+                 "run.resume must be auto, none or a checkpoint path")
 
 
 @dataclass
@@ -97,6 +80,15 @@ class TrainConfig:
     progress: bool = True
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
 
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")
+        _require(self.micro_batch_size >= 1, f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _require(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
+        _require(self.eval_every >= 0, f"train.eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
+        _require(self.ckpt_every >= 0, f"train.ckpt_every must be >= 0, got {self.ckpt_every}")
+        _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
+
 
 @dataclass
 class ParallelConfig:
@@ -105,6 +97,12 @@ class ParallelConfig:
     activation_checkpointing: bool = False
     compile: bool = False  # torch.compile each block
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
+
+    def __post_init__(self) -> None:
+        _require(self.backend in BACKENDS,
+                 f"parallel.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        _require(self.muon_mode in MODES,
+                 f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}")
 
 
 @dataclass
@@ -163,7 +161,10 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
             kwargs[key] = _build(tp, value, f"{full}.")
         else:
             kwargs[key] = _coerce(value, tp, full)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except _SECTION_ERRORS as err:
+        raise ConfigError(str(err)) from None
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -222,56 +223,14 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> Config:
     return cfg
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def validate_optim(o: OptimConfig) -> None:
-    """Value checks of optim.* (also used by `orscale.build_optimizers` on configs built in code)."""
-    _require(o.lr >= 0, f"optim.lr must be >= 0, got {o.lr}")
-    _require(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
-    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
-             f"optim.betas must be two numbers in [0, 1), got {o.betas}")
-    _require(0 <= o.momentum < 1, f"optim.momentum must be in [0, 1), got {o.momentum}")
-    _require(0 < o.r_min <= o.r_max,
-             f"optim.r_min ({o.r_min}) must be > 0 and <= optim.r_max ({o.r_max})")
-    _require(o.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {o.ns_dtype!r}")
-    _require(o.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {o.ns_steps}")
-    _require(o.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 disables), got {o.grad_clip}")
-    _require(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
-    _require(0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
-    _require(o.trust_eps > 0, f"optim.trust_eps must be > 0, got {o.trust_eps}")
-    _require(o.eps > 0, f"optim.eps must be > 0, got {o.eps}")
-
-
 def validate(cfg: Config) -> None:
-    """Value checks that types alone cannot express. Model-shape checks live with the model."""
-    o, t, d = cfg.optim, cfg.train, cfg.data
-    _require(cfg.run.resume in ("auto", "none") or bool(cfg.run.resume),
-             "run.resume must be auto, none or a checkpoint path")
-    validate_optim(o)
-    _require(t.max_steps >= 1, f"train.max_steps must be >= 1, got {t.max_steps}")
-    _require(t.micro_batch_size >= 1, f"train.micro_batch_size must be >= 1, got {t.micro_batch_size}")
-    _require(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
-    _require(t.eval_every >= 0, f"train.eval_every must be >= 0 (0: only at the end), got {t.eval_every}")
-    _require(t.ckpt_every >= 0, f"train.ckpt_every must be >= 0, got {t.ckpt_every}")
-    _require(t.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {t.dtype!r}")
-    _require(t.device in ("auto", "cpu", "cuda"), f"train.device must be auto, cpu or cuda, got {t.device!r}")
-    _require(d.seq_len >= 2, f"data.seq_len must be >= 2, got {d.seq_len}")
-    _require(d.val_tokens >= d.seq_len,
-             f"data.val_tokens ({d.val_tokens}) must be >= data.seq_len ({d.seq_len})")
-    _require(d.val_tokens % d.seq_len == 0,
-             f"data.val_tokens ({d.val_tokens}) must be a multiple of data.seq_len ({d.seq_len})")
-    _require(d.val_batch_size >= 1, f"data.val_batch_size must be >= 1, got {d.val_batch_size}")
-    _require(d.encode_batch_docs >= 1, f"data.encode_batch_docs must be >= 1, got {d.encode_batch_docs}")
-    _require(d.logical_shards >= 1, f"data.logical_shards must be >= 1, got {d.logical_shards}")
+    """The checks that span sections (each section has checked itself on construction)."""
+    t, d = cfg.train, cfg.data
     _require(t.tokens_per_step % d.seq_len == 0,
              f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})")
-    _require(cfg.parallel.muon_mode in ("owner", "replicate"),
-             f"parallel.muon_mode must be owner or replicate, got {cfg.parallel.muon_mode!r}")
-    _require(cfg.parallel.backend in ("none", "ddp", "fsdp", "zero1", "zero2"),
-             f"parallel.backend must be one of none, ddp, fsdp, zero1, zero2; got {cfg.parallel.backend!r}")
+    context = cfg.model.resolve().max_seq_len
+    _require(d.seq_len <= context, f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
+                                   "lower data.seq_len or set model.max_seq_len")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

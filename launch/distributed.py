@@ -17,8 +17,6 @@ import torch.distributed as dist
 
 from launch.config import Config, ConfigError
 
-BACKENDS = ("none", "ddp", "fsdp", "zero1", "zero2")
-
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -43,9 +41,7 @@ def launched_world_size() -> int:
 
 def check_backend(cfg: Config, world_size: int) -> None:
     """Errors a user can make before any process group exists (identical on every rank)."""
-    backend = cfg.parallel.backend
-    if backend not in BACKENDS:
-        raise ConfigError(f"parallel.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    backend = cfg.parallel.backend  # one of launch.config.BACKENDS (checked by ParallelConfig)
     if backend == "none" and world_size > 1:
         raise ConfigError(f"launched with {world_size} processes but parallel.backend=none; "
                           "set parallel.backend to ddp, fsdp, zero1 or zero2")
@@ -91,6 +87,15 @@ def init_distributed(cfg: Config) -> DistEnv:
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
                                 device_id=device if use_cuda else None)
     return DistEnv(rank, world_size, local_rank, device, cfg.parallel.backend)
+
+
+def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The one bf16 decision of a run (`train.dtype`): autocast, FSDP2's param dtype and DeepSpeed's
+    bf16 mode all follow it. `auto` is bf16 on a CUDA device that supports it, fp32 otherwise;
+    explicit `bf16` is honoured (on CPU too: autocast runs there, slowly)."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if setting == "bf16" else torch.float32
 
 
 def _free_port() -> int:

@@ -1,6 +1,5 @@
-"""Parallelism applied from outside the model (torchtitan's way): DDP or FSDP2, activation
-checkpointing and per-block torch.compile. The model code never knows.
-"""
+"""Parallelism applied from outside the model (torchtitan's way): FSDP2 or DDP, activation
+checkpointing and per-block torch.compile. The model code never knows. Used by the engines."""
 
 from __future__ import annotations
 
@@ -10,12 +9,13 @@ from typing import ContextManager
 import torch
 import torch.nn as nn
 
-from launch.config import Config
+from launch.config import ParallelConfig
 from launch.distributed import DistEnv
 from models import GPT, GPTConfig
 
 
-def build_model(model_cfg: GPTConfig, cfg: Config, env: DistEnv) -> GPT:
+def build_model(model_cfg: GPTConfig, parallel: ParallelConfig, seed: int, env: DistEnv,
+                dtype: torch.dtype = torch.float32) -> GPT:
     """Construct, shard (FSDP2) and initialise the GPT.
 
     FSDP2 with `parallel.meta_init` builds on the meta device and initialises each rank's shard
@@ -23,49 +23,46 @@ def build_model(model_cfg: GPTConfig, cfg: Config, env: DistEnv) -> GPT:
     initialises the full model from the same seed before sharding: the weights then equal a
     single-process run's, which the equality tests need.
     """
-    torch.manual_seed(cfg.train.seed)
-    if cfg.parallel.backend == "fsdp" and cfg.parallel.meta_init:
+    torch.manual_seed(seed)
+    if parallel.backend == "fsdp" and parallel.meta_init:
         with torch.device("meta"):
             model = GPT(model_cfg)
-        _wrap_blocks(model, cfg, env)
+        _apply(model, parallel, env, dtype)
         model.to_empty(device=env.device)
         model.init_weights()
         return model
     with torch.device(env.device):
         model = GPT(model_cfg)
-    _wrap_blocks(model, cfg, env)
+    _apply(model, parallel, env, dtype)
     return model
 
 
-def _wrap_blocks(model: GPT, cfg: Config, env: DistEnv) -> None:
-    p = cfg.parallel
-    if p.activation_checkpointing:
+def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
+    if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if p.compile:
+    if parallel.compile:
         for block in model.blocks:
             block.compile()
-    if p.backend == "fsdp":
+    if parallel.backend == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # bf16 compute with fp32 gradient reduction; the fp32 sharded params are the master weights.
+        # (bf16 params on CUDA only: gloo's CPU collectives are the test path and stay fp32.)
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if env.device.type == "cuda" and cfg.train.dtype != "fp32" else MixedPrecisionPolicy())
+              if dtype == torch.bfloat16 and env.device.type == "cuda" else MixedPrecisionPolicy())
         for block in model.blocks:
             # The last block's params are needed right away in backward: don't reshard them.
             fully_shard(block, mp_policy=mp, reshard_after_forward=block is not model.blocks[-1])
         fully_shard(model, mp_policy=mp)
 
 
-def wrap_for_training(model: GPT, cfg: Config, env: DistEnv) -> nn.Module:
-    """DDP wraps the module; FSDP2 modifies it in place (already done in `build_model`)."""
-    if cfg.parallel.backend == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-    return model
+    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
 
 
 def no_sync(module: nn.Module, last_micro_batch: bool) -> ContextManager:
@@ -86,8 +83,3 @@ def _fsdp_no_sync(module: nn.Module):
         yield
     finally:
         module.set_requires_gradient_sync(True)
-
-
-def unwrap(module: nn.Module) -> GPT:
-    return module.module if hasattr(module, "module") and isinstance(module.module, GPT) else module
-

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launch.checkpoint import _complete, latest_checkpoint
+from launch.checkpoint import find_checkpoint, latest_checkpoint
 from launch.config import Config, ConfigError
 from launch.runlog import RunDir
 
@@ -45,10 +45,7 @@ def find_resume_point(cfg: Config, run: RunDir) -> Optional[Path]:
             raise ConfigError(f"run.dir '{run.path}' already holds a run (metrics.jsonl) but no complete "
                               "checkpoint; choose another run.dir or pass run.overwrite=true")
         return found
-    path = Path(mode)
-    if _complete(path):
-        return path
-    found = latest_checkpoint(path)
+    found = find_checkpoint(mode)
     if found is None:
         raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json and dcp/ inside)")
     return found

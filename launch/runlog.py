@@ -120,3 +120,24 @@ class RunDir:
             logging.getLogger("orscale").removeHandler(handler)
             handler.close()
             self._file_handler = None
+
+
+class WindowAudit:
+    """`train.record_windows`: one line `<step> <hash>` per training window, per rank
+    (windows_rank{r}.txt), to audit that resumes see every window once. A no-op when off."""
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a")
+
+    def record(self, step: int, batch: torch.Tensor) -> None:
+        if self._fh is not None:
+            self._fh.writelines(f"{step} {hash(tuple(row.tolist()))}\n" for row in batch)
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

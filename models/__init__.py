@@ -1,4 +1,7 @@
-from models.gpt import GPT, GPTConfig
-from models.presets import PRESETS, get_preset
+"""The paper's GPT (single-device code, no parallelism), its size presets and config section, and
+the name mapping to Hugging Face `transformers`."""
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "get_preset"]
+from models.gpt import GPT, GPTConfig
+from models.presets import PRESETS, ModelConfig, ModelConfigError, get_preset
+
+__all__ = ["GPT", "GPTConfig", "ModelConfig", "ModelConfigError", "PRESETS", "get_preset"]

@@ -1,11 +1,17 @@
-"""Model size presets: the paper's four scales (SPEC §4) and a CPU-sized `tiny`."""
+"""Model size presets (the paper's four scales, SPEC §4, and a CPU-sized `tiny`) and the
+`model:` section of a run config, which resolves to a `GPTConfig`."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from models.gpt import GPTConfig
+
+
+class ModelConfigError(ValueError):
+    """A user error in the `model:` section: one line naming the key and the fix."""
+
 
 PRESETS: dict[str, GPTConfig] = {
     # tiny: a few minutes on 2 CPU cores, same architecture and vocabulary as the paper's.
@@ -23,6 +29,31 @@ PAPER_PARAM_COUNTS = {"125m": 123.6e6, "399m": 417.0e6, "545m": 629.7e6, "1.1b":
 def get_preset(name: str, **overrides: Optional[int]) -> GPTConfig:
     """Preset by name with optional field overrides (None values are ignored)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown model.preset '{name}' (valid: {', '.join(PRESETS)})")
+        raise ModelConfigError(f"unknown model.preset '{name}' (valid: {', '.join(PRESETS)})")
     changes = {k: v for k, v in overrides.items() if v is not None}
-    return replace(PRESETS[name], **changes)
+    try:
+        return replace(PRESETS[name], **changes)
+    except ValueError as err:  # GPTConfig's own shape checks, already one line naming model.*
+        raise ModelConfigError(str(err)) from None
+
+
+@dataclass
+class ModelConfig:
+    """The `model:` section: a preset, and any field that, when set, overrides the preset's value
+    (e.g. a smaller test model). Checked on construction: the preset exists and the resulting
+    shapes are valid."""
+
+    preset: str = "tiny"
+    n_layer: Optional[int] = None
+    d_model: Optional[int] = None
+    n_head: Optional[int] = None
+    max_seq_len: Optional[int] = None
+    vocab_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self.resolve()
+
+    def resolve(self) -> GPTConfig:
+        """The preset with the overrides applied."""
+        return get_preset(self.preset, n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head,
+                          max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)

@@ -13,7 +13,7 @@ The three stages are separate methods so a sharded subclass can run (b) on one o
 matrix, all-reduce the output of ``local_sums_of_squares`` (every norm the step needs, for every
 matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchanged. All arithmetic
 runs on the tensors ``_local`` returns (the tensor itself here; a DTensor's local shard in
-``orscale.sharded``), so the same code serves whole matrices and row shards.
+``orscale.distributed``), so the same code serves whole matrices and row shards.
 
 The step never syncs with the host: trust ratios, calibration and diagnostics stay on the device
 and branch with ``torch.where``; only Python floats (lr, weight decay, choices) steer control flow.

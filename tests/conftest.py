@@ -38,7 +38,7 @@ def gpt2_tokenizer():
 
 
 def data_config(**kw):
-    from launch.config import DataConfig
+    from data import DataConfig
 
     base = dict(source="json", data_files=list(CORPUS), tokenizer=GPT2_DIR, seq_len=64, val_tokens=1024,
                 logical_shards=4, encode_batch_docs=16)

@@ -23,10 +23,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.config import OptimConfig  # noqa: E402
+from orscale import OptimConfig  # noqa: E402
 from orscale import MuonFamily, build_optimizers, set_lr  # noqa: E402
 from orscale.routing import canonical_name  # noqa: E402
-from orscale.sharded import row_split  # noqa: E402
+from orscale.distributed.owners import row_split  # noqa: E402
 
 PRESETS = ["muon_moonlight", "orscale_lm", "mutrust", "orscale_lm_decoupled"]
 LRS = [0.0, 0.02, 0.05, 0.03, 0.01, 0.02]  # step 0 has lr = 0: no update, no calibration

@@ -11,14 +11,20 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may touch the network
 
-from launch.checkpoint import save_checkpoint
+from launch.checkpoint import Checkpointer, ModelAndOptimizers
 from launch.config import load_config, to_dict
 from launch.distributed import DistEnv
-from models.export import ExportError, export_hf, main
+from launch.export import ExportError, export_hf, main
 from models.gpt import GPT
 from models.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def save_checkpoint(root: Path, step: int, model: GPT, meta: dict) -> Path:
+    """A checkpoint as the trainer writes it (a single process), holding `model`."""
+    env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+    return Checkpointer(root, env, sharded=[ModelAndOptimizers(model, [])], per_rank={}).save(step, meta)
 GPT2 = str(ROOT / "assets/tokenizers/gpt2")
 TEXTS = ["Hello world, this is a test of the exported model.",
          "The quick brown fox jumps over the lazy dog again and again."]
@@ -141,7 +147,7 @@ def test_cli_exports_checkpoint_root(tmp_path):
     cfg = load_config(str(ROOT / "configs/tiny.yaml"), OVERRIDES)
     meta = {"config": to_dict(cfg), "model": vars(model.cfg)}
     root = tmp_path / "run" / "checkpoints"
-    save_checkpoint(root, 150, model, [], {"shards": {}, "turn": 0}, meta, DistEnv(0, 1, 0, torch.device("cpu"), "none"))
+    save_checkpoint(root, 150, model, meta)
     out = tmp_path / "exports" / "tiny-hf"
     assert main(["--checkpoint", str(root), "--out", str(out)]) == 0
     assert_same_logits(model, out)
@@ -150,8 +156,7 @@ def test_cli_exports_checkpoint_root(tmp_path):
 def test_cli_refuses_non_empty_out_and_missing_checkpoint(tmp_path, capsys):
     model = random_gpt()
     meta = {"config": to_dict(load_config(str(ROOT / "configs/tiny.yaml"), OVERRIDES)), "model": vars(model.cfg)}
-    step = save_checkpoint(tmp_path / "ckpt", 1, model, [], {"shards": {}, "turn": 0}, meta,
-                           DistEnv(0, 1, 0, torch.device("cpu"), "none"))
+    step = save_checkpoint(tmp_path / "ckpt", 1, model, meta)
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")

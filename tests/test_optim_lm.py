@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train
-from launch.config import OptimConfig
+from orscale import OptimConfig
 from models import GPT, get_preset
 from orscale import build_optimizers
 from tests.helpers import TINY

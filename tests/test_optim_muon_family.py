@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from launch.config import OptimConfig
+from orscale import OptimConfig
 from orscale import MuonFamily, build_optimizers, collect_diagnostics
 from orscale.newton_schulz import newton_schulz
 from orscale.variants import PRESETS

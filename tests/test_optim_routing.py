@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from launch.config import ConfigError, OptimConfig
+from orscale import OptimConfig, OptimConfigError as ConfigError
 from orscale import OPTIMIZER_NAMES, MuonFamily, build_optimizers, lr_at, set_lr
 from orscale.routing import canonical_name
 

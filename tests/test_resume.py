@@ -125,7 +125,8 @@ def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):
     opt = torch.optim.AdamW(model.parameters())
     env1 = DistEnv(0, 1, 0, torch.device("cpu"), "none")
     root = tmp_path / "checkpoints"
-    good = ckpt.save_checkpoint(root, 1, model, [opt], {"turn": 0, "shards": {}}, {"note": "ok"}, env1)
+    checkpointer = ckpt.Checkpointer(root, env1, sharded=[ckpt.ModelAndOptimizers(model, [opt])], per_rank={})
+    good = checkpointer.save(1, {"note": "ok"})
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt("killed mid-save")
@@ -133,11 +134,11 @@ def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):
     # Everything but meta.json is written when the "crash" comes: the worst moment.
     monkeypatch.setattr(ckpt, "_write_durable", crash)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save_checkpoint(root, 2, model, [opt], {"turn": 0, "shards": {}}, {"note": "bad"}, env1)
+        checkpointer.save(2, {"note": "bad"})
     assert ckpt.latest_checkpoint(root) == good
     assert ckpt.read_meta(good)["note"] == "ok"
     monkeypatch.undo()
-    ckpt.save_checkpoint(root, 2, model, [opt], {"turn": 0, "shards": {}}, {"note": "ok2"}, env1)
+    checkpointer.save(2, {"note": "ok2"})
     assert ckpt.latest_checkpoint(root).name == "step_00000002"
     assert not list(root.glob(".tmp_*")), "debris of the interrupted save was not cleaned"
 
@@ -162,3 +163,45 @@ def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_p
     from tests.helpers import train_losses
 
     assert sorted(train_losses(tmp_path)) == [1, 2, 3]
+
+
+def test_format_1_checkpoints_still_load(tmp_path, gpt2_tokenizer):
+    """Checkpoints written before the parts-based checkpointer (rank{r}.pt = {"loader", "rng"}, the
+    step in meta.json only) restore model, optimizer, loader position, step and tokens."""
+    import json
+
+    import torch
+
+    from data import PackedLoader
+    from launch.distributed import DistEnv
+    from launch.train_state import TrainState
+    from models import GPT, get_preset
+    from tests.conftest import data_config
+
+    env1 = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+
+    def parts(seed: int):
+        torch.manual_seed(seed)
+        model = GPT(get_preset("tiny", n_layer=1, d_model=32, n_head=2, max_seq_len=64, vocab_size=50304))
+        opt = torch.optim.AdamW(model.parameters())
+        loader = PackedLoader(data_config(), gpt2_tokenizer, first_doc=3)
+        return model, opt, loader, TrainState(0, 1)
+
+    model, opt, loader, state = parts(0)
+    loader.next_batch(3)
+    state.step, state.tokens = 3, 600
+    root = tmp_path / "checkpoints"
+    path = ckpt.Checkpointer(root, env1, [ckpt.ModelAndOptimizers(model, [opt])],
+                             {"loader": loader, "train_state": state}).save(3, {"tokens": 600})
+    new = torch.load(path / "rank0.pt", weights_only=True)
+    torch.save({"loader": new["loader"], "rng": new["train_state"]["rng"]}, path / "rank0.pt")
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["format"]
+    (path / "meta.json").write_text(json.dumps(meta))
+
+    model2, opt2, loader2, state2 = parts(1)
+    ckpt.Checkpointer(root, env1, [ckpt.ModelAndOptimizers(model2, [opt2])],
+                      {"loader": loader2, "train_state": state2}).load(path)
+    assert (state2.step, state2.tokens) == (3, 600)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    assert torch.equal(loader2.next_batch(2), loader.next_batch(2))

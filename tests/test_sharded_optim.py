@@ -1,4 +1,4 @@
-"""Sharded Muon family (orscale/sharded.py): 2-rank FSDP2 (owner / replicate) and DDP runs equal
+"""Sharded Muon family (orscale/distributed/): 2-rank FSDP2 (owner / replicate) and DDP runs equal
 the single-process MuonFamily step by step; NS once per matrix; DCP round-trip of the sharded
 state. The distributed numbers come from ONE torchrun launch of tests/sharded_worker.py (shared
 by every test here); the helpers' own tests run in-process."""
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from launch.config import ConfigError, OptimConfig
+from orscale import OptimConfig, OptimConfigError as ConfigError
 from orscale import MuonFamily, ReplicatedMuonFamily, ShardedMuonFamily, build_optimizers
-from orscale.sharded import assign_owners, make_buckets, ns_cost, row_split
+from orscale.distributed.owners import assign_owners, make_buckets, ns_cost, row_split
 from tests.helpers import ROOT, env, free_port
 from tests.sharded_worker import FLAVOURS, LRS, PRESETS
 

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1/2 (launch/zero.py, orscale/zero.py): equal to a single-process run.
+"""DeepSpeed ZeRO-1/2 (launch/deepspeed_engine.py, orscale/distributed/zero.py): equal to a single-process run.
 
 The distributed tests launch ``tests/zero_worker.py`` under torchrun (2 CPU ranks, gloo,
 ``DS_ACCELERATOR=cpu``): a 3-layer d=64 GPT, 5 steps of 2 accumulated micro-batches on fixed
@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from launch.config import Config, ConfigError
-from launch.zero import check_checkpoint_world_size, check_zero_config, ds_config
-from orscale.zero import build_layout
+from launch.deepspeed_engine import check_checkpoint_world_size, check_zero_config, ds_config
+from orscale.distributed.zero import build_layout
 from tests import zero_worker as zw
 from tests.helpers import ROOT, env, free_port
 
@@ -91,11 +91,11 @@ def test_ds_config_leaves_clipping_to_us():
 
 
 def test_owner_muon_family_is_built_like_build_optimizers():
-    """orscale.zero copies build_optimizers' MuonFamily arguments: guard against drift."""
+    """orscale.distributed.zero copies build_optimizers' MuonFamily arguments: guard against drift."""
     from models import GPT, get_preset
     from orscale import build_optimizers
     from orscale.muon_family import MuonFamily
-    from orscale.zero import muon_family_kwargs
+    from orscale.distributed.zero import muon_family_kwargs
 
     cfg = _cfg("zero2", "orscale_lm_decoupled").optim
     cfg.lr, cfg.weight_decay, cfg.momentum, cfg.nesterov, cfg.ns_steps = 3e-3, 0.05, 0.9, False, 4

@@ -2,7 +2,7 @@
 
 * ``run_single(optim)``: one process, ``orscale.build_optimizers`` and train.py's step logic.
 * ``python -m torch.distributed.run --nproc_per_node=2 tests/zero_worker.py --stage 2 --out f.pt
-  --optims adamw,orscale_lm [--roundtrip DIR]``: the same run with ``launch.zero.ZeroEngine``
+  --optims adamw,orscale_lm [--roundtrip DIR]``: the same run with ``launch.deepspeed_engine.DeepSpeedEngine``
   (gloo, CPU, ``DS_ACCELERATOR=cpu``), results written by rank 0 with ``torch.save``.
 
 Both see the same global batch at every micro-step: rank r takes rows [r·B, (r+1)·B) of it.
@@ -115,18 +115,17 @@ BF16 = False  # --bf16: DeepSpeed bf16 params (forced on CPU; a smoke run, not a
 
 def _zero_engine(optim: str, stage: int, seed: int = 42):
     from launch.distributed import init_distributed
-    from launch.parallelize import build_model
-    from launch.zero import ZeroEngine
+    from launch.deepspeed_engine import DeepSpeedEngine
 
     cfg = make_config(optim, backend=f"zero{stage}", seed=seed)
     env = init_distributed(cfg)
-    model = build_model(get_preset("tiny", **MODEL), cfg, env)
     overrides = None
     if BF16:
         overrides = {"bf16": {"enabled": True}}
         if stage == 1:  # what ds_config does for bf16 on CUDA: DeepSpeed's BF16 optimizer
             overrides["data_types"] = {"grad_accum_dtype": "fp32"}
-    return cfg, env, ZeroEngine(model, cfg, env, ACCUM, ds_overrides=overrides)
+    return cfg, env, DeepSpeedEngine(get_preset("tiny", **MODEL), cfg, env, torch.float32, ACCUM,
+                                     ds_overrides=overrides)
 
 
 def _train(cfg, env, zero, steps: range) -> tuple[list[float], list[float]]:
@@ -167,10 +166,10 @@ def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3) -> dict
     cfg, env, zero = _zero_engine(optim, stage)
     first, _ = _train(cfg, env, zero, range(split))
     saved_calibration = zero.calibration_constants()
-    zero.save(ckpt_dir, {"step": split, "note": "client"})
+    zero.save_native(ckpt_dir, {"step": split, "note": "client"})
     del zero
     cfg, env, fresh = _zero_engine(optim, stage, seed=7)
-    client = fresh.load(ckpt_dir)
+    client = fresh.load_native(ckpt_dir)
     loaded_calibration = fresh.calibration_constants()
     rest, _ = _train(cfg, env, fresh, range(split, STEPS))
     return {"losses": first + rest, "weights": _weights(fresh), "client_state": client,

@@ -7,7 +7,7 @@ elementwise, so it runs on that slice unchanged. A Muon-family step is not: Newt
 whole matrices. We do not use DeepSpeed's own Muon path (its NS, EMA momentum and clip order differ
 from ours); instead:
 
-* **Owner per matrix.** Every 2-D weight under ``blocks.`` (routing as in ``build_optimizers``)
+* **Owner per matrix.** Every 2-D weight under ``blocks.`` (``orscale.routing.route_parameters``)
   gets one owner rank: the rank whose partition holds most of it (ties: lowest rank). Partitions
   are equal-sized, so owners are balanced to within the matrices that straddle a partition
   boundary, and most matrices never move.
@@ -37,23 +37,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from launch.config import ConfigError, OptimConfig
+from orscale.builder import adamw, muon_family_kwargs
 from orscale.diagnostics import summarize
 from orscale.muon_family import MuonFamily
-from orscale.routing import build_adamw, check_optim_config, is_matrix_param, muon_family_kwargs
+from orscale.optim_config import OptimConfig
+from orscale.routing import route_parameters
 from orscale.variants import PRESETS
 
 # Optimizers this client can run under ZeRO-1/2. (CBP/LARS/LAMB would need their own port.)
 ZERO_OPTIMIZERS: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
 ROLE = "orscale_role"  # param-group key: "matrix" (Muon family) or "adamw"
-
-
-def check_zero_optimizer(cfg: OptimConfig, backend: str = "zero") -> None:
-    """ConfigError (one line) if ZeRO cannot run `cfg.name`; then the usual optimizer checks."""
-    if cfg.name not in ZERO_OPTIMIZERS:
-        raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.name!r}: ZeRO-1/2 supports "
-                          f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
-    check_optim_config(cfg)
 
 
 @dataclass(frozen=True)
@@ -145,28 +138,24 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model: nn.Module, cfg: OptimConfig) -> None:
-        check_zero_optimizer(cfg)
+        if cfg.name not in ZERO_OPTIMIZERS:
+            raise ValueError(f"ZeroShardedOptimizer cannot run optim.name={cfg.name!r}; "
+                             f"it runs {', '.join(ZERO_OPTIMIZERS)}")
         self.cfg = cfg
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError("model has no trainable parameters")
-        matrices = [(n, p) for n, p in named if cfg.name != "adamw" and is_matrix_param(n, p)]
-        rest = [(n, p) for n, p in named if not (cfg.name != "adamw" and is_matrix_param(n, p))]
-        if cfg.name != "adamw" and not matrices:
-            raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to orthogonalise")
+        routing = route_parameters(model, cfg)
         groups: list[dict[str, Any]] = []
-        if matrices:
-            groups.append({"params": [p for _, p in matrices], ROLE: "matrix", "lr": cfg.lr,
+        if routing.matrices:
+            groups.append({"params": [p for _, p in routing.matrices], ROLE: "matrix", "lr": cfg.lr,
                            "weight_decay": cfg.weight_decay})
         adam_groups = []
-        if rest:  # the same groups (decay / exemption) and hyperparameters as single-process routing
-            for g in build_adamw(rest, model, cfg).param_groups:
-                g = {k: v for k, v in g.items() if k != "param_names"}
-                g[ROLE] = "adamw"
-                adam_groups.append(g)
-            groups.extend(adam_groups)
+        # The same groups (decay / exemption) and hyperparameters as the single-process AdamW.
+        for g in adamw(routing.adamw_groups, cfg).param_groups if routing.adamw_groups else []:
+            g = {k: v for k, v in g.items() if k != "param_names"}
+            g[ROLE] = "adamw"
+            adam_groups.append(g)
+        groups.extend(adam_groups)
         super().__init__(groups, dict(lr=cfg.lr))
-        self._param_names = {id(p): n for n, p in named}
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
         # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
         # the same state dict, so a checkpoint of this optimizer includes its moments.
         self._adam = torch.optim.AdamW(adam_groups) if adam_groups else None

@@ -1,14 +1,7 @@
-"""DeepSpeed ZeRO-1/2 for the trainer (``parallel.backend`` = ``zero1`` | ``zero2``).
+"""The DeepSpeed ZeRO-1/2 engine (``parallel.backend`` = ``zero1`` | ``zero2``): `launch.engine.Engine`
+over DeepSpeed's engine. No ``no_sync``: DeepSpeed handles accumulation itself.
 
-    zero = ZeroEngine(model, cfg, env, accum_steps)       # after build_model, instead of wrap + optimizers
-    for micro in range(accum_steps):                        # no no_sync(): DeepSpeed handles accumulation
-        loss = zero.module(x, y) / accum_steps
-        zero.backward(loss)
-    grad_norm = zero.step(lr)                               # raw global norm; clip; lr; update
-    zero.diagnostics()                                      # collective, on logging steps
-    zero.save(dir, client_state) / zero.load(dir)           # collective; same data-parallel size only
-
-The optimizer is ``orscale.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon family
+The optimizer is ``orscale.distributed.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon family
 on whole matrices at an owner rank): it matches a single-process run of ``build_optimizers``.
 DeepSpeed's own ``gradient_clipping`` stays 0; the optimizer clips the raw gradients with the
 global norm DeepSpeed computes, exactly like ``clip_grad_norm_`` in the other backends.
@@ -20,6 +13,7 @@ reads them with ``torch.load(weights_only=False)``: load only checkpoints you wr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,10 +22,14 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 from launch.config import Config, ConfigError, UserError
 from launch.distributed import DistEnv
-from orscale.zero import ZeroShardedOptimizer, check_zero_optimizer
+from launch.engine import Engine
+from launch.parallelize import build_model
+from models import GPTConfig
+from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
 
 TAG = "zero"  # DeepSpeed's checkpoint tag: files go to <ckpt_dir>/zero/
 META = "zero_meta.json"  # world size, stage, optimizer: checked before DeepSpeed reads anything
@@ -45,17 +43,10 @@ def check_zero_config(cfg: Config) -> None:
     """Cheap checks, before any work: one-line ConfigError for what ZeRO cannot run."""
     backend = cfg.parallel.backend
     if backend not in ("zero1", "zero2"):
-        raise ConfigError(f"ZeroEngine needs parallel.backend zero1 or zero2, got {backend!r}")
-    check_zero_optimizer(cfg.optim, backend)
-
-
-def use_bf16(cfg: Config, env: DistEnv) -> bool:
-    """bf16 params + fp32 master partitions on CUDA with bf16 compute; fp32 everywhere else."""
-    if env.device.type != "cuda":
-        return False
-    if cfg.train.dtype == "auto":
-        return torch.cuda.is_bf16_supported()
-    return cfg.train.dtype == "bf16"
+        raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
+    if cfg.optim.name not in ZERO_OPTIMIZERS:
+        raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.optim.name!r}: ZeRO-1/2 supports "
+                          f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
 
 
 def ds_config(cfg: Config, world_size: int, accum_steps: int, bf16: bool) -> dict[str, Any]:
@@ -105,11 +96,18 @@ def check_checkpoint_world_size(ckpt_dir: str | Path, world_size: int) -> dict[s
     return meta
 
 
-class ZeroEngine:
-    """A DeepSpeed ZeRO-1/2 engine around `model` with the project's optimizers."""
+class DeepSpeedEngine(Engine):
+    """A DeepSpeed ZeRO-1/2 engine around the GPT with the project's optimizers."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config, env: DistEnv, accum_steps: int,
+    check_config = staticmethod(check_zero_config)
+
+    @staticmethod
+    def check_checkpoint(path: Path, world_size: int) -> None:
+        check_checkpoint_world_size(path / TAG, world_size)
+
+    def __init__(self, model_cfg: GPTConfig, cfg: Config, env: DistEnv, dtype: torch.dtype, accum_steps: int,
                  ds_overrides: Optional[dict[str, Any]] = None) -> None:
+        super().__init__(env, dtype, accum_steps)
         check_zero_config(cfg)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
@@ -120,11 +118,13 @@ class ZeroEngine:
             raise ConfigError(f"DeepSpeed's accelerator is {accel!r} but train.device resolved to "
                               f"{env.device.type!r}; set DS_ACCELERATOR={env.device.type}")
         if not dist.is_initialized():
-            raise RuntimeError("ZeroEngine needs the process group (launch.distributed.init_distributed)")
-        self.cfg, self.env, self.accum_steps = cfg, env, accum_steps
+            raise RuntimeError("DeepSpeedEngine needs the process group (launch.distributed.init_distributed)")
+        self.cfg = cfg
         self.world_size = dist.get_world_size()
-        self.bf16 = use_bf16(cfg, env)
+        # bf16 params + fp32 master partitions on CUDA when the run computes in bf16; fp32 elsewhere.
+        self.bf16 = dtype == torch.bfloat16 and env.device.type == "cuda"
         self.config = _merge(ds_config(cfg, self.world_size, accum_steps, self.bf16), ds_overrides or {})
+        model = build_model(model_cfg, cfg.parallel, cfg.train.seed, env, dtype)
         self.optimizer = ZeroShardedOptimizer(model, cfg.optim)
         self.module, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config,
                                                     dist_init_required=False)
@@ -135,12 +135,18 @@ class ZeroEngine:
     def model(self) -> torch.nn.Module:
         return self.module.module
 
+    def _accumulating(self, last_micro_batch: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # DeepSpeed reduces at its own accumulation boundary
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.backward(loss)
+
     def backward(self, loss: torch.Tensor) -> None:
         """`loss` is already divided by accum_steps (as the trainer computes it): DeepSpeed must not
         divide again. Off the accumulation boundary DeepSpeed's step only counts the micro-batch."""
         self._micro += 1
         if self._micro > self.accum_steps:
-            raise RuntimeError(f"ZeroEngine.backward called {self._micro} times before step(); "
+            raise RuntimeError(f"DeepSpeedEngine.backward called {self._micro} times before step(); "
                                f"accum_steps is {self.accum_steps}")
         self.module.backward(loss, scale_wrt_gas=False)
         if self._micro < self.accum_steps:
@@ -150,7 +156,7 @@ class ZeroEngine:
         """Set lr on every group, then reduce, clip (raw global norm) and update. Returns the global
         norm of the raw gradients (a device tensor where DeepSpeed keeps one: no host sync)."""
         if self._micro != self.accum_steps:
-            raise RuntimeError(f"ZeroEngine.step after {self._micro} backward calls; expected {self.accum_steps}")
+            raise RuntimeError(f"DeepSpeedEngine.step after {self._micro} backward calls; expected {self.accum_steps}")
         for group in self.optimizer.param_groups:
             group["lr"] = float(lr)
         self.module.step()
@@ -165,7 +171,19 @@ class ZeroEngine:
         """{matrix name: c} (collective); {} for variants without lazy calibration."""
         return self.optimizer.calibration_constants()
 
-    def save(self, ckpt_dir: str, client_state: dict) -> None:
+    def save(self, directory: Path) -> None:
+        """Collective. DeepSpeed's files under zero/, and (rank 0) model.safetensors: ZeRO-1/2 keep
+        whole weights on every rank, so a safe, world-size-free copy serves export and evaluation."""
+        self.save_native(str(directory / TAG), {})
+        if self.env.is_main:
+            # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
+            weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+            save_file(weights, str(directory / "model.safetensors"))
+
+    def load(self, directory: Path) -> None:
+        self.load_native(str(directory / TAG))
+
+    def save_native(self, ckpt_dir: str, client_state: dict) -> None:
         """Collective. DeepSpeed's files under <ckpt_dir>/zero/, plus zero_meta.json. The calibration
         constants travel in the client state (and in the optimizer state of their owner rank)."""
         calibration = self.optimizer.calibration_constants()
@@ -178,7 +196,7 @@ class ZeroEngine:
             os.replace(tmp, Path(ckpt_dir) / META)
         dist.barrier()
 
-    def load(self, ckpt_dir: str) -> dict:
+    def load_native(self, ckpt_dir: str) -> dict:
         """Collective. Restores model, fp32 master weights and optimizer state (momentum, moments,
         calibration constants); returns the client state given to `save`."""
         meta = check_checkpoint_world_size(ckpt_dir, self.world_size)

@@ -1,0 +1,40 @@
+"""The `data:` section of a run config, checked where it is defined."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from data.errors import DataError
+
+
+@dataclass
+class DataConfig:
+    # A hub dataset name (e.g. HuggingFaceFW/fineweb-edu) or a builder such as "json"/"parquet"
+    # together with data_files. Relative paths resolve against the project root.
+    source: str = "json"
+    subset: Optional[str] = None  # hub config name, e.g. sample-10BT
+    data_files: list[str] = field(default_factory=list)
+    split: str = "train"
+    text_field: str = "text"
+    tokenizer: str = "assets/tokenizers/gpt2"
+    seq_len: int = 256
+    val_tokens: int = 16384  # constant validation size: identical for every run
+    val_batch_size: int = 8
+    encode_batch_docs: int = 64  # documents tokenised per encode_batch call
+    logical_shards: int = 16  # fixed split of the stream, independent of the world size
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.seq_len >= 2, f"data.seq_len must be >= 2, got {self.seq_len}"),
+            (self.val_tokens >= self.seq_len,
+             f"data.val_tokens ({self.val_tokens}) must be >= data.seq_len ({self.seq_len})"),
+            (self.val_tokens % self.seq_len == 0,
+             f"data.val_tokens ({self.val_tokens}) must be a multiple of data.seq_len ({self.seq_len})"),
+            (self.val_batch_size >= 1, f"data.val_batch_size must be >= 1, got {self.val_batch_size}"),
+            (self.encode_batch_docs >= 1, f"data.encode_batch_docs must be >= 1, got {self.encode_batch_docs}"),
+            (self.logical_shards >= 1, f"data.logical_shards must be >= 1, got {self.logical_shards}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise DataError(message)

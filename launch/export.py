@@ -1,0 +1,152 @@
+"""Export a trained GPT as a Hugging Face `transformers` model directory (ArceeForCausalLM).
+
+    python -m launch.export --checkpoint runs/tiny --out exports/tiny-hf
+
+`--checkpoint` takes a step directory, a checkpoints root or a run directory (its newest complete
+checkpoint, found by `launch.checkpoint.find_checkpoint`). The name mapping itself is
+`models/hf_mapping.py`; this module adds the tokenizer, the checkpoint reading and an atomic write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+
+from data import load_tokenizer
+from data.paths import resolve_path
+from launch.checkpoint import find_checkpoint, load_model_weights, read_meta
+from launch.config import USER_ERRORS
+from models.gpt import GPT, GPTConfig
+from models.hf_mapping import ExportError, arcee_model
+
+__all__ = ["ExportError", "export_hf", "load_gpt_from_checkpoint", "main"]
+
+
+def _hf_tokenizer(tokenizer_path: str, max_len: int):
+    """A `PreTrainedTokenizerFast` whose eos (also bos/unk, GPT-2 style) is the end-of-document
+    token the packer inserted during training, so generation stops where documents ended."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = load_tokenizer(tokenizer_path)  # same file and same EOS choice as training
+    if tok.kind != "tokenizers":
+        # transformers' SentencePiece conversion needs protobuf and (5.24, Mistral v1 model) does not
+        # reproduce sentencepiece's ids on leading whitespace: refuse rather than ship a mismatch.
+        raise ExportError(f"tokenizer '{tokenizer_path}' is {tok.kind}; HF export supports tokenizer.json "
+                          "tokenizers only (SentencePiece export is not supported yet)")
+    eos = tok.backend.id_to_token(tok.eos_id)
+    return PreTrainedTokenizerFast(tokenizer_object=tok.backend, eos_token=eos, bos_token=eos, unk_token=eos,
+                                   model_max_length=max_len), tok
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output '{out}' exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"output directory '{out}' is not empty; pass --overwrite to replace it")
+
+
+def export_hf(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, tokenizer_path: str, out_dir: str | Path,
+              overwrite: bool = False, dtype: Optional[torch.dtype] = None) -> Path:
+    """Write an HF model directory (config.json, generation_config.json, model.safetensors,
+    tokenizer files). Written beside `out_dir` and renamed into place when complete, so a failed
+    export never leaves a half-written directory, and an existing one is replaced only with
+    `overwrite`. `dtype`: None keeps the weights' dtype (the embedding's)."""
+    out = Path(out_dir)
+    _check_out_dir(out, overwrite)
+    hf_tok, tok = _hf_tokenizer(tokenizer_path, cfg.max_seq_len)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ExportError(f"the tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}")
+    if dtype is None:
+        emb = state_dict.get("tok_emb.weight")
+        dtype = emb.dtype if emb is not None else torch.float32
+    model = arcee_model(state_dict, cfg, eos_id=tok.eos_id, bos_id=tok.eos_id, dtype=dtype)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        hf_tok.save_pretrained(tmp)
+        # 5.x writes "TokenizersBackend", a name 4.x readers lack; the classic name loads in both.
+        tc = tmp / "tokenizer_config.json"
+        tc.write_text(json.dumps({**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+        _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished export into place; an existing non-empty one is moved aside first and
+    deleted only after the new one is in place."""
+    if out.is_dir() and any(out.iterdir()):
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)  # replaces an empty directory atomically
+
+
+# ---- checkpoint reading, through the public API of launch.checkpoint -----------------------------
+
+def _gpt_config(recorded: Any) -> GPTConfig:
+    """The GPTConfig the trainer recorded in meta.json (its fields as a dict)."""
+    if not isinstance(recorded, dict):
+        raise ExportError("the checkpoint's meta.json records no model config")
+    names = {f.name for f in fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in recorded.items() if k in names})
+
+
+def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str]:
+    """(state dict, GPTConfig, tokenizer path) from a step directory, a checkpoints root or a run
+    directory, as the trainer's checkpointer writes them."""
+    found = find_checkpoint(path)
+    if found is None:
+        raise ExportError(f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
+                          "root with a `latest` file, or a run directory)")
+    meta = read_meta(found)
+    cfg = _gpt_config(meta.get("model"))
+    with torch.device("meta"):  # shapes only: the checkpoint supplies every value
+        model = GPT(cfg)
+    model.to_empty(device="cpu")
+    with warnings.catch_warnings():  # "assuming ... a single process": exactly what we want
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load_model_weights(found, model)
+    try:
+        tokenizer = meta["config"]["data"]["tokenizer"]
+    except (KeyError, TypeError):
+        raise ExportError(f"checkpoint '{found}' records no data.tokenizer in its config") from None
+    return dict(model.state_dict()), cfg, str(resolve_path(tokenizer))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="step directory, checkpoints root or run directory")
+    parser.add_argument("--out", required=True, help="output directory (must be empty or absent)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: as stored")
+    args = parser.parse_args(argv)
+    try:
+        _check_out_dir(Path(args.out), args.overwrite)  # before the (possibly long) checkpoint read
+        state_dict, cfg, tokenizer = load_gpt_from_checkpoint(args.checkpoint)
+        out = export_hf(state_dict, cfg, tokenizer, args.out, overwrite=args.overwrite,
+                        dtype=getattr(torch, args.dtype) if args.dtype else None)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {cfg} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Everything a run needs before its first step, in one place: config checks, process group, data,
+run directory and resume point, engine, checkpointer, metadata. `train.py` calls `setup_run` and
+then runs its loop on what comes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer
+from launch.checkpoint import Checkpointer, read_meta
+from launch.config import Config, ConfigError, to_dict
+from launch.distributed import DistEnv, barrier, compute_dtype, init_distributed
+from launch.engine import Engine, engine_class
+from launch.resume import check_resume_compatible, find_resume_point, prepare_run_dir
+from launch.runlog import RunDir, WindowAudit, git_commit, setup_logging
+from launch.train_state import TrainState
+
+log = logging.getLogger("orscale")
+
+
+@dataclass
+class Run:
+    cfg: Config
+    env: DistEnv
+    tokenizer: TextTokenizer
+    val: torch.Tensor  # the fixed validation windows [n, seq_len + 1]
+    loader: PackedLoader
+    engine: Engine
+    state: TrainState
+    checkpointer: Checkpointer
+    run_dir: RunDir
+    audit: WindowAudit
+    meta: dict[str, Any]  # what every checkpoint records: config, commit, model, tokenizer
+    accum_steps: int
+    tokens_per_step: int
+    start_step: int
+    resumed_from: Optional[Path]
+
+    def save(self) -> Path:
+        path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
+        log.info("checkpoint: %s", path)
+        return path
+
+    def close(self) -> None:
+        self.run_dir.close()
+        self.audit.close()
+
+
+def _accum_steps(cfg: Config, world_size: int) -> int:
+    seqs_per_step = cfg.train.tokens_per_step // cfg.data.seq_len
+    per_micro = cfg.train.micro_batch_size * world_size
+    if seqs_per_step % per_micro:
+        raise ConfigError(f"train.tokens_per_step/data.seq_len = {seqs_per_step} sequences is not a multiple of "
+                          f"train.micro_batch_size x world size = {per_micro}")
+    return seqs_per_step // per_micro
+
+
+def setup_run(cfg: Config) -> Run:
+    """Check, build and (if there is a checkpoint) restore everything; open the run directory."""
+    # ---- cheap checks first: nothing is read or written before the config is known to be sound
+    model_cfg = cfg.model.resolve()
+    engine_type = engine_class(cfg.parallel.backend)
+    engine_type.check_config(cfg)
+    env = init_distributed(cfg)
+    setup_logging(env.rank)
+    accum_steps = _accum_steps(cfg, env.world_size)
+
+    # ---- data: tokenizer, fixed validation set, this rank's logical shards of the stream after it
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
+                          f"{model_cfg.vocab_size}; raise model.vocab_size")
+    val, val_docs = build_val_set(cfg.data, tokenizer)
+    loader = PackedLoader(cfg.data, tokenizer, first_doc=val_docs, rank=env.rank, world_size=env.world_size)
+
+    # ---- run directory and resume point: refuse to clobber an earlier run
+    run_dir = RunDir(cfg.run.dir, active=env.is_main)
+    resume_from = find_resume_point(cfg, run_dir)
+    meta = {"config": to_dict(cfg), "git_commit": git_commit(), "tokenizer": tokenizer.describe(),
+            "model": dataclasses.asdict(model_cfg)}
+    if resume_from is not None:
+        check_resume_compatible(read_meta(resume_from), meta)
+        engine_type.check_checkpoint(resume_from, env.world_size)
+    barrier()  # every rank has looked at the run dir before rank 0 starts writing to it
+
+    # ---- engine (model, parallelism, optimizers), checkpoint parts, restore
+    dtype = compute_dtype(cfg.train.dtype, env.device)
+    engine = engine_type(model_cfg, cfg, env, dtype, accum_steps)
+    state = TrainState(env.rank, env.world_size)
+    checkpointer = Checkpointer(run_dir.path / "checkpoints", env, sharded=[engine],
+                                per_rank={"loader": loader, "train_state": state}, keep=cfg.run.keep_checkpoints)
+    if resume_from is not None:
+        checkpointer.load(resume_from)
+    prepare_run_dir(cfg, run_dir, state.step)
+    params = engine.model.num_params()
+    run_dir.open(cfg, extra={"params": params, "accum_steps": accum_steps, "val_docs": val_docs,
+                             "val_windows": len(val), "device": str(env.device), "dtype": str(dtype),
+                             "world_size": env.world_size, "tokenizer": tokenizer.describe(),
+                             "resumed_from": str(resume_from) if resume_from else None})
+    log.info("model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s", params / 1e6,
+             env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len,
+             f"resuming at step {state.step}" if state.step else "fresh start")
+    audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
+    return Run(cfg, env, tokenizer, val, loader, engine, state, checkpointer, run_dir, audit, meta, accum_steps,
+               tokens_per_step=cfg.train.tokens_per_step, start_step=state.step, resumed_from=resume_from)

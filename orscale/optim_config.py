@@ -1,0 +1,65 @@
+"""The `optim:` section of a run config, checked where it is defined (on construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orscale.newton_schulz import NS_COEFFICIENT_SETS
+from orscale.variants import PRESETS
+
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
+
+
+class OptimConfigError(ValueError):
+    """A user error in the `optim:` section: one line naming the key and what would be valid."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    exempt_norms_and_embeddings: bool = False  # AdamW: no decay on norm gains / embeddings
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: str = "polar_express"  # polar_express | jordan
+    ns_dtype: str = "bf16"  # bf16 | fp32 (fp32 for exact equality tests)
+    r_min: float = 0.1
+    r_max: float = 5.0
+    trust_eps: float = 1e-6
+    grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
+    warmup_steps: int = 1000
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak LR
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise OptimConfigError (one line) for a value no optimizer can run with."""
+        checks = (
+            (self.name in OPTIMIZER_NAMES,
+             f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}"),
+            (self.ns_coefficients in NS_COEFFICIENT_SETS,
+             f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}"),
+            (self.lr >= 0, f"optim.lr must be >= 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}"),
+            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             f"optim.betas must be two numbers in [0, 1), got {self.betas}"),
+            (0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}"),
+            (0 < self.r_min <= self.r_max,
+             f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})"),
+            (self.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {self.ns_dtype!r}"),
+            (self.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {self.ns_steps}"),
+            (self.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
+            (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
+            (self.trust_eps > 0, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
+            (self.eps > 0, f"optim.eps must be > 0, got {self.eps}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise OptimConfigError(message)
