@@ -68,38 +68,42 @@ def evaluate(engine: Engine, val: torch.Tensor, batch_size: int, env: DistEnv) -
 def train(cfg: Config) -> dict:
     run = setup_run(cfg)
     engine, loader, state, env, t = run.engine, run.loader, run.state, run.env, cfg.train
-    stop, meter, progress = StopFlag(), StepMeter(env), _progress(cfg, env, state.step)
+    stop, progress = StopFlag(env), _progress(cfg, env, state.step)
+    meter = StepMeter(env, engine.model.flops_per_token(cfg.data.seq_len), engine.model.num_params(),
+                      engine.model.num_params(non_embedding=True))
     last_loss = val_loss = math.nan
     while state.step < t.max_steps:
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
-        for micro in range(run.accum_steps):
-            batch = loader.next_batch(t.micro_batch_size)
-            run.audit.record(state.step + 1, batch)
+        windows = loader.next_step()  # this rank's share of the step, read ahead in the background
+        run.audit.record(state.step + 1, windows)
+        for micro, batch in enumerate(windows.split(t.micro_batch_size)):
             batch = batch.to(env.device, non_blocking=True)
             meter.add_micro_batch(engine.forward_backward(batch, last_micro_batch=micro == run.accum_steps - 1))
         grad_norm = engine.step(lr)
         state.step += 1
         state.tokens += run.tokens_per_step
-        meter.end_step(run.tokens_per_step)
+        meter.end_step(run.tokens_per_step, loader.take_wait_s())
 
         if state.step % t.log_every == 0 or state.step in (t.max_steps, run.start_step + 1):
-            record = {"step": state.step, "tokens": state.tokens, **meter.read(), "lr": lr,
-                      "grad_norm": float(grad_norm), **engine.diagnostics()}
+            record = {"step": state.step, "tokens": state.tokens, "lr": lr, "grad_norm": float(grad_norm),
+                      **meter.read(state.tokens), **engine.diagnostics()}
             run.run_dir.write(record)
             last_loss = record["train_loss"]
             progress.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
             val_loss = evaluate(engine, run.val, cfg.data.val_batch_size, env)
-            run.run_dir.write({"step": state.step, "tokens": state.tokens, "val_loss": val_loss})
+            run.run_dir.write({"step": state.step, "tokens": state.tokens, "val_loss": val_loss,
+                               "val_tokens": run.val[:, 1:].numel()})
             log.info("step %d: val_loss %.4f", state.step, val_loss)
             meter.restart_clock()  # evaluation time is not training throughput
         progress.update(1)
-        if stop.agreed(env):
+        if stop.agreed():
             log.warning("stop signal: saving a checkpoint at step %d and exiting", state.step)
             run.save()
             break
         if state.step == t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0):
             run.save()
+            meter.restart_clock()
     stop.restore()
     progress.close()
     run.close()

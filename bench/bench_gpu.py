@@ -22,18 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch.config import load_config  # noqa: E402
 from launch.distributed import compute_dtype, init_distributed, shutdown  # noqa: E402
+from launch.meter import peak_tflops  # noqa: E402
 from launch.parallelize import build_model  # noqa: E402
 from orscale import build_optimizers  # noqa: E402
 from orscale.schedule import set_lr  # noqa: E402
 
-# Dense bf16 peak TFLOP/s per GPU (no sparsity).
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 SEQ = {"tiny": 256, "125m": 1024, "399m": 2048, "545m": 4096, "1.1b": 4096}
 
 
-def peak_tflops() -> float:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), float("nan"))
 
 
 def run(preset: str, optim: str, args) -> None:
@@ -75,7 +71,7 @@ def run(preset: str, optim: str, args) -> None:
     sync()
     elapsed = time.perf_counter() - t0
     tok_s = args.steps * args.micro_batch * seq * env.world_size / elapsed
-    mfu = model.flops_per_token(seq) * tok_s / env.world_size / (peak_tflops() * 1e12)
+    mfu = model.flops_per_token(seq) * tok_s / env.world_size / ((peak_tflops(env.device) or float("nan")) * 1e12)
     mem = torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else float("nan")
     if env.is_main:
         print(f"{preset:>5} {optim:>11}: {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}%, peak memory {mem:.1f} GiB "

@@ -1,12 +1,14 @@
-"""The data path: tokenizers, the document stream (hub or local files through `datasets`),
-packing into training windows with an elastic per-shard state, the fixed validation set, and the
-`data:` config section."""
+"""The data path: the `data:` config section, tokenizers, the corpus addressed by piece (parquet
+row groups, JSON Lines byte blocks, or pre-tokenised shards), per-shard streams with exact elastic
+state, a loader that reads ahead, and the fixed validation set."""
 
 from data.data_config import DataConfig
+from data.documents import Documents, TextDocuments, encode_documents, open_documents
 from data.errors import DataError
-from data.loader import PackedLoader, build_val_set, encode_documents
-from data.stream import iter_documents, open_dataset
+from data.loader import PackedLoader, build_val_set
+from data.stream import build_catalog, iter_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer
 
-__all__ = ["DataConfig", "DataError", "PackedLoader", "build_val_set", "encode_documents", "iter_documents",
-           "open_dataset", "TextTokenizer", "load_tokenizer"]
+__all__ = ["DataConfig", "DataError", "Documents", "PackedLoader", "TextDocuments", "TextTokenizer",
+           "build_catalog", "build_val_set", "encode_documents", "iter_documents", "load_tokenizer",
+           "open_documents", "read_texts"]

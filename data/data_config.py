@@ -10,8 +10,9 @@ from data.errors import DataError
 
 @dataclass
 class DataConfig:
-    # A hub dataset name (e.g. HuggingFaceFW/fineweb-edu) or a builder such as "json"/"parquet"
-    # together with data_files. Relative paths resolve against the project root.
+    # A hub dataset name (e.g. HuggingFaceFW/fineweb-edu; its parquet files), "json" (JSON Lines) or
+    # "parquet" with data_files, or "tokens" with data_files = [a `python -m data.prepare` output
+    # directory]. Relative paths resolve against the project root.
     source: str = "json"
     subset: Optional[str] = None  # hub config name, e.g. sample-10BT
     data_files: list[str] = field(default_factory=list)
@@ -23,6 +24,11 @@ class DataConfig:
     val_batch_size: int = 8
     encode_batch_docs: int = 64  # documents tokenised per encode_batch call
     logical_shards: int = 16  # fixed split of the stream, independent of the world size
+    piece_bytes: int = 1 << 20  # JSON Lines are read in pieces of this many bytes (parquet: row groups)
+    shuffle: bool = False  # per-epoch seeded piece order + a document shuffle buffer (False: published order)
+    shuffle_buffer: int = 256  # documents per logical shard held for shuffling (with shuffle=true)
+    seed: int = 1234  # the data order's seed (train.seed is the model's)
+    prefetch_steps: int = 2  # steps read, tokenised and packed ahead in a background thread; 0: inline
 
     def __post_init__(self) -> None:
         checks = (
@@ -34,6 +40,9 @@ class DataConfig:
             (self.val_batch_size >= 1, f"data.val_batch_size must be >= 1, got {self.val_batch_size}"),
             (self.encode_batch_docs >= 1, f"data.encode_batch_docs must be >= 1, got {self.encode_batch_docs}"),
             (self.logical_shards >= 1, f"data.logical_shards must be >= 1, got {self.logical_shards}"),
+            (self.piece_bytes >= 1024, f"data.piece_bytes must be >= 1024, got {self.piece_bytes}"),
+            (self.shuffle_buffer >= 0, f"data.shuffle_buffer must be >= 0, got {self.shuffle_buffer}"),
+            (self.prefetch_steps >= 0, f"data.prefetch_steps must be >= 0 (0: no read-ahead), got {self.prefetch_steps}"),
         )
         for ok, message in checks:
             if not ok:

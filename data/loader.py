@@ -1,170 +1,164 @@
-"""Packing the token stream into fixed-length training windows, with a resumable, elastic state.
+"""Training windows for one rank, a step at a time, read ahead in a background thread; the fixed
+validation set.
 
-The stream is split into `logical_shards` by document position (doc k of the training part goes
-to shard k mod S), a number fixed by the config and independent of the world size. Rank r owns
-the shards s with s mod W == r and packs each shard on its own: documents + EOS are concatenated,
-cut into windows of T+1 tokens with stride T, so every token is a target exactly once and nothing
-is dropped at document boundaries. The state records, per shard, where its next document is and
-the tokens already read but not yet emitted: a run saved on N ranks resumes on M ranks with no
-document repeated or skipped.
+The training stream is `data.logical_shards` = S shards (`data/shard_stream.py`), a number fixed by
+the config and independent of the world size: training piece p (counted from the piece where the
+validation set ends) belongs to shard p mod S. Rank r owns the shards s with s mod W == r and opens
+only their pieces. Every step takes the same N/S windows from every shard (N windows per step), in
+the order (i, s) for i < N/S and s ascending, so the *global* set of windows of step k is the same
+on 1, 2 or 4 ranks and after a resume on another world size; a rank holds the windows of its own
+shards, in that order.
+
+Reading, tokenising and packing run `data.prefetch_steps` steps ahead in a thread (the tokenizer
+and parquet reader release the GIL). Each produced step carries a snapshot of the shard states
+after it; the state a checkpoint saves is the snapshot of the last step the trainer *consumed*,
+so prefetching never changes what a resume sees.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Optional
+import queue
+import threading
+import time
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from data.data_config import DataConfig
-from data.errors import DataError, first_line
-from data.stream import iter_documents
-from data.tokenizer import TextTokenizer
+from data.documents import Documents
+from data.errors import DataError
+from data.shard_stream import ShardStream
 
 log = logging.getLogger("orscale.data")
 
 
-def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[np.ndarray]:
-    """Each text's ids followed by EOS. A batch the tokenizer rejects (e.g. lone surrogates) is
-    retried one document at a time, skipping only the bad ones with a warning."""
-    try:
-        batches = tokenizer.encode_batch(texts)
-    except Exception:
-        batches = []
-        for text in texts:
-            try:
-                batches.append(tokenizer.encode_batch([text])[0])
-            except Exception as err:
-                log.warning("data: skipping a document the tokenizer rejects (%s)", first_line(err))
-                batches.append(None)
-    eos = tokenizer.eos_id
-    return [np.asarray(ids + [eos], dtype=np.int64) if ids is not None else None for ids in batches]
+def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The first documents of the corpus, packed into exactly val_tokens / seq_len windows.
 
-
-def build_val_set(cfg: DataConfig, tokenizer: TextTokenizer) -> tuple[torch.Tensor, int]:
-    """The first documents of the stream, packed into exactly val_tokens / seq_len windows.
-
-    Returns (windows [n, seq_len + 1], number of documents used). Training starts after them, so
-    the validation documents are never trained on, and the set is identical in every run.
+    Returns (windows [n, seq_len + 1], (piece, row) where training starts). The validation
+    documents are never trained on, and the set is identical in every run and at every world size.
     """
     n_windows, T = cfg.val_tokens // cfg.seq_len, cfg.seq_len
     need = n_windows * T + 1
-    pieces, have, used = [], 0, 0
-    docs = iter_documents(cfg)
-    while have < need:
-        chunk = [next(docs, None) for _ in range(cfg.encode_batch_docs)]
-        chunk = [d for d in chunk if d is not None]
-        if not chunk:
-            raise DataError(
-                f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
-                "plus training data; lower data.val_tokens or add data"
-            )
-        for (index, _), ids in zip(chunk, encode_documents(tokenizer, [t for _, t in chunk])):
-            if ids is None or have >= need:
+    pieces, have = [], 0
+    for piece in range(len(docs)):
+        rows = docs.read(piece)
+        for row, doc in enumerate(rows):
+            if doc is None:
                 continue
-            pieces.append(ids)
-            have += len(ids)
-            used = index + 1
-    stream = np.concatenate(pieces)[:need]
-    idx = np.arange(n_windows)[:, None] * T + np.arange(T + 1)[None, :]
-    return torch.from_numpy(stream[idx]), used
+            pieces.append(doc)
+            have += len(doc)
+            if have >= need:
+                # Training starts at the next row, or at the next piece if this one is exhausted.
+                boundary = (piece, row + 1) if next(rows, None) is not None else (piece + 1, 0)
+                stream = np.concatenate(pieces)[:need].astype(np.int64)
+                idx = np.arange(n_windows)[:, None] * T + np.arange(T + 1)[None, :]
+                return torch.from_numpy(stream[idx]), boundary
+    raise DataError(f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
+                    "plus training data; lower data.val_tokens or add data")
 
 
 class PackedLoader:
-    """Micro-batches [B, T+1] for one rank, drawn round-robin from the rank's logical shards."""
+    """This rank's windows of each training step, [N/W, T+1] int64, with an exact, elastic state."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, first_doc: int,
+    def __init__(self, cfg: DataConfig, docs: Documents, first: tuple[int, int], windows_per_step: int,
                  rank: int = 0, world_size: int = 1) -> None:
-        self.cfg, self.tokenizer, self.first_doc = cfg, tokenizer, first_doc
-        self.rank, self.world_size = rank, world_size
-        self.owned = [s for s in range(cfg.logical_shards) if s % world_size == rank]
-        if not self.owned:
-            raise DataError(
-                f"data.logical_shards={cfg.logical_shards} is smaller than the world size {world_size}; "
-                "raise data.logical_shards to a multiple of the number of ranks"
-            )
-        # Per shard: (epoch, stream index) of its next unread document, and unread tokens.
-        self.next_pos: dict[int, tuple[int, int]] = {s: (0, first_doc) for s in self.owned}
-        self.buffers: dict[int, np.ndarray] = {s: np.zeros(0, dtype=np.int64) for s in self.owned}
-        self.turn = 0  # round-robin pointer over self.owned
-        self._docs: Optional[Iterator[tuple[int, int, int, str]]] = None
+        S = cfg.logical_shards
+        if S % world_size:
+            raise DataError(f"data.logical_shards ({S}) must be a multiple of the world size ({world_size}) "
+                            "so every rank owns the same number of stream shards")
+        if windows_per_step % S:
+            raise DataError(f"a step of {windows_per_step} windows (train.tokens_per_step / data.seq_len) must be a "
+                            f"multiple of data.logical_shards ({S}), so every step draws the same windows at any "
+                            "world size; change one of them")
+        train_pieces = list(range(first[0], len(docs)))
+        if len(train_pieces) < S:
+            raise DataError(f"the training part of the corpus has {len(train_pieces)} pieces, fewer than "
+                            f"data.logical_shards={S}; lower it, lower data.piece_bytes or add data")
+        self.cfg, self.docs, self.rank, self.world_size = cfg, docs, rank, world_size
+        self.width, self.per_shard = cfg.seq_len + 1, windows_per_step // S
+        self.owned = [s for s in range(S) if s % world_size == rank]
+        self.shards = {s: ShardStream(s, [p for p in train_pieces if (p - first[0]) % S == s], docs, first,
+                                      cfg.shuffle, cfg.shuffle_buffer, cfg.seed) for s in self.owned}
+        self._consumed = self._snapshot()  # the state of what the trainer has taken so far
+        self._queue: Optional[queue.Queue] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.wait_s = 0.0  # time next_step() spent waiting for the reader since `take_wait_s()`
 
-    def _shard_of(self, index: int) -> int:
-        return (index - self.first_doc) % self.cfg.logical_shards
+    # ---------------------------------------------------------------- producing steps
+    def _produce(self) -> np.ndarray:
+        rows = [self.shards[s].next_window(self.width) for _ in range(self.per_shard) for s in self.owned]
+        return np.stack(rows).astype(np.int64)
 
-    def _owned_documents(self) -> Iterator[tuple[int, int, int, str]]:
-        """(shard, epoch, index, text) for unread documents of owned shards, epoch after epoch."""
-        epoch, start = min(self.next_pos.values())
-        while True:
-            seen = 0
-            for index, text in iter_documents(self.cfg, start):
-                seen += 1
-                shard = self._shard_of(index)
-                if shard in self.next_pos and (epoch, index) >= self.next_pos[shard]:
-                    yield shard, epoch, index, text
-            if seen < self.cfg.logical_shards and epoch == 0 and start == self.first_doc:
-                raise DataError(
-                    f"the training part of the corpus has {seen} documents, fewer than "
-                    f"data.logical_shards={self.cfg.logical_shards}; lower it or add data"
-                )
-            epoch, start = epoch + 1, self.first_doc
-            log.warning("data: training stream wrapped around; epoch %d begins", epoch)
+    def _snapshot(self) -> dict[int, dict[str, Any]]:
+        return {s: shard.snapshot() for s, shard in self.shards.items()}
 
-    def _fill(self) -> None:
-        """Read and tokenise the next chunk of the rank's documents into their shard buffers."""
-        if self._docs is None:
-            self._docs = self._owned_documents()
-        chunk = [next(self._docs) for _ in range(self.cfg.encode_batch_docs)]
-        encoded = encode_documents(self.tokenizer, [text for *_, text in chunk])
-        pieces: dict[int, list[np.ndarray]] = {}
-        for (shard, epoch, index, _), ids in zip(chunk, encoded):
-            if ids is not None:
-                pieces.setdefault(shard, [self.buffers[shard]]).append(ids)
-            self.next_pos[shard] = (epoch, index + 1)
-        for shard, parts in pieces.items():  # one copy per shard and chunk, not per document
-            self.buffers[shard] = np.concatenate(parts)
+    def _worker(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = (self._produce(), self._snapshot())
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as err:  # handed to the trainer, which raises it
+            self._queue.put(err)
 
-    def next_batch(self, batch_size: int) -> torch.Tensor:
-        width = self.cfg.seq_len + 1
-        rows = []
-        for _ in range(batch_size):
-            shard = self.owned[self.turn % len(self.owned)]
-            self.turn += 1
-            while len(self.buffers[shard]) < width:
-                self._fill()
-            rows.append(self.buffers[shard][:width])
-            # Keep the window's last token: it is the first input of the shard's next window.
-            self.buffers[shard] = self.buffers[shard][width - 1:]
-        return torch.from_numpy(np.stack(rows))
+    def next_step(self) -> torch.Tensor:
+        """This rank's windows of the next step, [N/W, T+1]."""
+        t0 = time.perf_counter()
+        if self.cfg.prefetch_steps == 0:
+            windows, snap = self._produce(), self._snapshot()
+        else:
+            if self._thread is None:
+                self._queue = queue.Queue(maxsize=self.cfg.prefetch_steps)
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._worker, name=f"data-rank{self.rank}", daemon=True)
+                self._thread.start()
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+            windows, snap = item
+        self.wait_s += time.perf_counter() - t0
+        self._consumed = snap
+        return torch.from_numpy(windows)
 
+    def take_wait_s(self) -> float:
+        """Seconds the trainer waited for data since the last call (what read-ahead did not hide)."""
+        wait, self.wait_s = self.wait_s, 0.0
+        return wait
+
+    def close(self) -> None:
+        """Stop the reader thread and drop what it read ahead: the shards go back to the state of
+        what the trainer consumed, so a later `next_step` continues exactly."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+            self._thread = None
+            for s, snap in self._consumed.items():
+                self.shards[s].load(snap)
+
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """Per-shard positions and pending tokens, keyed by logical shard id."""
-        return {
-            "turn": self.turn,
-            "shards": {s: {"epoch": e, "next": i, "buffer": torch.from_numpy(self.buffers[s].copy())}
-                       for s, (e, i) in self.next_pos.items()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Accepts the merged shard states of any world size; keeps the shards this rank owns."""
-        shards = state["shards"]
-        missing = [s for s in self.owned if s not in shards]
-        if missing:
-            raise DataError(f"loader state lacks logical shards {missing}; was data.logical_shards changed?")
-        for s in self.owned:
-            self.next_pos[s] = (int(shards[s]["epoch"]), int(shards[s]["next"]))
-            self.buffers[s] = shards[s]["buffer"].numpy().astype(np.int64)
-        self.turn = int(state.get("turn", 0))
-        self._docs = None
+        """Per-shard state after the last consumed step, keyed by logical shard id."""
+        return {"shards": {s: ShardStream.to_saved(snap) for s, snap in self._consumed.items()}}
 
     def load_rank_states(self, states: list[dict]) -> None:
         """Restore from the `state_dict()`s of every rank of a saved run, in rank order, whatever its
-        world size: the logical shards are merged and this rank keeps its own. At the same world
-        size the round-robin pointer continues; on a new shard layout it restarts (no document is
-        lost: positions are per shard)."""
+        world size: the logical shards are merged and this rank keeps its own."""
         shards: dict = {}
         for state in states:
             shards.update(state["shards"])
-        turn = states[self.rank]["turn"] if len(states) == self.world_size else 0
-        self.load_state_dict({"shards": shards, "turn": turn})
+        missing = [s for s in self.owned if s not in shards]
+        if missing:
+            raise DataError(f"loader state lacks logical shards {missing}; was data.logical_shards changed?")
+        self.close()
+        for s in self.owned:
+            self.shards[s].load(shards[s])
+        self._consumed = self._snapshot()

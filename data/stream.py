@@ -1,14 +1,23 @@
-"""The document stream: `datasets.load_dataset(..., streaming=True)` over the hub or local files.
+"""The document stream, addressed by piece: a file's row group (parquet) or byte block (JSON Lines).
 
-One code path for both: `source` is a hub dataset (HuggingFaceFW/fineweb-edu + subset
-sample-10BT) or a builder name ("json", "parquet") with `data_files`. Documents are addressed by
-their index in the stream, which is what the loader state records.
+A corpus is a list of files (local `data.data_files`, or a hub dataset's parquet files resolved by
+`datasets`); each file is cut into *pieces* that can be read on their own, with no index and no
+read of what comes before:
+  * parquet: one piece per row group (from the file's footer);
+  * JSON Lines: one piece per `data.piece_bytes` bytes; a piece holds the lines that *start* in
+    its byte range (a line straddling the end belongs to the piece it starts in).
+A document's address is (piece, row within the piece), so a reader opens exactly the pieces it
+needs and a resume seeks instead of re-reading (`read_texts(piece, start_row)`).
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 import logging
-from typing import Iterator
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 from data.data_config import DataConfig
 from data.errors import DataError, first_line
@@ -16,7 +25,26 @@ from data.paths import resolve_path
 
 log = logging.getLogger("orscale.data")
 
-LOCAL_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
+TEXT_FORMATS = ("json", "parquet")
+PARQUET_BATCH_ROWS = 1024  # rows per pyarrow batch inside a row group (bounds memory on big groups)
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int  # position in the corpus's published order
+    path: str
+    kind: str  # "json" | "parquet"
+    unit: int  # row group, or byte block of `piece_bytes`
+    start: int  # byte range [start, end) for JSON Lines; 0 for parquet
+    end: int
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    path: str
+    kind: str
+    units: int  # pieces in this file
+    size: int  # bytes (JSON Lines)
 
 
 def _local_files(cfg: DataConfig) -> list[str]:
@@ -26,77 +54,165 @@ def _local_files(cfg: DataConfig) -> list[str]:
     for spec in cfg.data_files:
         path = resolve_path(spec)
         matches = sorted(path.parent.glob(path.name)) if any(ch in path.name for ch in "*?[") else [path]
+        if not matches:
+            raise DataError(f"data file pattern '{spec}' matched no files (check data.data_files)")
         for match in matches:
             if not match.is_file():
                 raise DataError(f"data file '{spec}' not found (check data.data_files)")
             files.append(str(match))
-        if not matches:
-            raise DataError(f"data file pattern '{spec}' matched no files (check data.data_files)")
     return files
 
 
-def _text_only(dataset, cfg: DataConfig, where: str):
+def _hub_files(cfg: DataConfig) -> list[str]:
+    """The parquet files of a hub dataset's split, as `datasets` resolves them (hf:// URLs)."""
+    from datasets import load_dataset_builder
+
     try:
-        return dataset.select_columns([cfg.text_field])
-    except ValueError:
-        raise DataError(
-            f"{where} has no field '{cfg.text_field}' (fields: {', '.join(dataset.column_names or [])}); "
-            "set data.text_field"
-        ) from None
-
-
-def open_dataset(cfg: DataConfig):
-    """A streaming `datasets.IterableDataset` of documents (not yet tokenised), text column only.
-
-    Local files are opened one by one and concatenated, so files whose other columns differ
-    (FineWeb and FineWeb-Edu rows, say) can be mixed.
-    """
-    from datasets import concatenate_datasets, load_dataset
-
-    if cfg.source in LOCAL_BUILDERS:
-        parts = []
-        for path in _local_files(cfg):
-            try:
-                part = load_dataset(cfg.source, data_files=[path], split=cfg.split, streaming=True)
-            except Exception as err:
-                raise DataError(f"data file '{path}' could not be opened: {first_line(err)}") from None
-            parts.append(_text_only(part, cfg, f"data file '{path}'"))
-        return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-    try:
-        dataset = load_dataset(cfg.source, name=cfg.subset, split=cfg.split, streaming=True)
+        builder = load_dataset_builder(cfg.source, name=cfg.subset)
+        files = [str(f) for f in builder.config.data_files[cfg.split]]
     except Exception as err:
-        raise DataError(
-            f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
-            "offline, use data.source=json with data.data_files"
-        ) from None
-    return _text_only(dataset, cfg, f"dataset '{cfg.source}'")
+        raise DataError(f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
+                        "offline, use data.source=json or parquet with data.data_files") from None
+    if not files or not all(f.endswith(".parquet") for f in files):
+        raise DataError(f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
+                        "only parquet hub datasets can be read by row group")
+    return files
 
 
-def iter_documents(cfg: DataConfig, start: int = 0) -> Iterator[tuple[int, str]]:
-    """Yield (index, text) for every document from `start` on, in stream order, once.
+def _open(path: str, mode: str = "rb"):
+    """Local path or fsspec URL (hf://... through huggingface_hub's file system)."""
+    if "://" in path:
+        import fsspec
 
-    Bad single documents (empty, or text that is not a string) are skipped with a warning; indices
-    count them all, so positions never shift. A file that cannot be decoded (invalid UTF-8 or JSON) is
-    a DataError naming it: datasets reads files whole, so one bad byte cannot be skipped alone.
-    """
-    dataset = open_dataset(cfg)
-    if start:
-        dataset = dataset.skip(start)
-    index = start
-    batches = dataset.iter(batch_size=cfg.encode_batch_docs)
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (UnicodeDecodeError, ValueError, OSError) as err:
-            raise DataError(
-                f"data source '{cfg.source}' {cfg.data_files or ''} could not be decoded near document {index}: "
-                f"{first_line(err)} (fix or remove that document)"
-            ) from None
-        for text in batch[cfg.text_field]:
-            if isinstance(text, str) and text.strip():
+        return fsspec.open(path, mode).open()
+    return open(path, mode)
+
+
+def _parquet_file(path: str):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(_open(path))
+    except Exception as err:
+        raise DataError(f"data file '{path}' is not a readable parquet file: {first_line(err)}") from None
+
+
+def describe_file(path: str, kind: str, piece_bytes: int) -> CorpusFile:
+    if kind == "parquet":
+        return CorpusFile(path, kind, _parquet_file(path).metadata.num_row_groups, 0)
+    size = os.path.getsize(path)
+    return CorpusFile(path, kind, -(-size // piece_bytes), size)
+
+
+class Catalog:
+    """Every piece of a corpus in published order, without holding one object per piece."""
+
+    def __init__(self, files: list[CorpusFile], piece_bytes: int) -> None:
+        self.files, self.piece_bytes = files, piece_bytes
+        self._first = [0]
+        for f in files:
+            self._first.append(self._first[-1] + f.units)
+
+    def __len__(self) -> int:
+        return self._first[-1]
+
+    def __getitem__(self, index: int) -> Piece:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        k = bisect.bisect_right(self._first, index) - 1
+        f, unit = self.files[k], index - self._first[k]
+        if f.kind == "parquet":
+            return Piece(index, f.path, f.kind, unit, 0, 0)
+        start = unit * self.piece_bytes
+        return Piece(index, f.path, f.kind, unit, start, min(start + self.piece_bytes, f.size))
+
+    def describe(self) -> dict:
+        return {"files": len(self.files), "pieces": len(self), "piece_bytes": self.piece_bytes}
+
+
+def build_catalog(cfg: DataConfig) -> Catalog:
+    """The pieces of `cfg`'s text corpus (local JSON Lines / parquet, or a hub dataset's parquet)."""
+    if cfg.source in TEXT_FORMATS:
+        files = [describe_file(p, cfg.source, cfg.piece_bytes) for p in _local_files(cfg)]
+    else:
+        files = [describe_file(p, "parquet", cfg.piece_bytes) for p in _hub_files(cfg)]
+    return Catalog(files, cfg.piece_bytes)
+
+
+def _json_lines(piece: Piece) -> Iterator[bytes]:
+    """The lines that start in [start, end): skip the partial first line unless at the file start."""
+    with _open(piece.path) as fh:
+        if piece.start > 0:
+            fh.seek(piece.start - 1)
+            fh.readline()  # the end of the line that started before this piece (or just its newline)
+        while fh.tell() < piece.end:
+            line = fh.readline()
+            if not line:
+                return
+            yield line
+
+
+def _decode_json(line: bytes, piece: Piece, row: int, text_field: str) -> object:
+    if not line.strip():
+        return None  # a blank line is an empty document: it keeps its row number
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise DataError(f"data file '{piece.path}' could not be decoded near byte {piece.start} (row {row} of piece "
+                        f"{piece.unit}): {first_line(err)}; fix or remove that line") from None
+    if not isinstance(record, dict):
+        raise DataError(f"data file '{piece.path}' row {row} of piece {piece.unit} is not a JSON object")
+    if text_field not in record:
+        raise DataError(f"data file '{piece.path}' has no field '{text_field}' (fields: {', '.join(record)}); "
+                        "set data.text_field")
+    return record[text_field]
+
+
+def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+    pf = _parquet_file(piece.path)
+    if text_field not in pf.schema_arrow.names:
+        raise DataError(f"data file '{piece.path}' has no field '{text_field}' "
+                        f"(fields: {', '.join(pf.schema_arrow.names)}); set data.text_field")
+    skipped = 0
+    try:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[piece.unit], columns=[text_field]):
+            if skipped + batch.num_rows <= start_row:  # a resume seeks by whole batches
+                skipped += batch.num_rows
+                continue
+            yield from batch.column(0).to_pylist()[max(0, start_row - skipped):]
+            skipped += batch.num_rows
+    except DataError:
+        raise
+    except Exception as err:
+        raise DataError(f"data file '{piece.path}' row group {piece.unit} could not be read: {first_line(err)}") from None
+
+
+def read_texts(piece: Piece, text_field: str, start_row: int = 0) -> Iterator[Optional[str]]:
+    """The documents of `piece` from row `start_row` on, one per row: the text, or None for a row
+    that is empty or not text (skipped with a warning, but it keeps its row number)."""
+    if piece.kind == "parquet":
+        values = _parquet_rows(piece, text_field, start_row)
+    else:
+        lines = _json_lines(piece)
+        for _ in range(start_row):
+            if next(lines, None) is None:
+                return
+        values = (_decode_json(line, piece, start_row + i, text_field) for i, line in enumerate(lines))
+    for row, text in enumerate(values, start_row):
+        if isinstance(text, str) and text.strip():
+            yield text
+        else:
+            log.warning("data: skipping empty or non-text document (piece %d, row %d)", piece.index, row)
+            yield None
+
+
+def iter_documents(cfg: DataConfig, catalog: Optional[Catalog] = None) -> Iterator[tuple[int, str]]:
+    """(index, text) for every document of the corpus in published order; skipped rows keep their
+    index. For inspection and tests: training reads pieces through the loader."""
+    catalog = catalog or build_catalog(cfg)
+    index = 0
+    for i in range(len(catalog)):
+        for text in read_texts(catalog[i], cfg.text_field):
+            if text is not None:
                 yield index, text
-            else:
-                log.warning("data: skipping empty or non-text document %d", index)
             index += 1

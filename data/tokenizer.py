@@ -6,6 +6,7 @@ so the data pipeline never branches on the tokenizer kind.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from data.errors import DataError, first_line
@@ -31,6 +32,17 @@ class TextTokenizer:
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "eos_id": self.eos_id, "vocab_size": self.vocab_size}
+
+    def fingerprint(self) -> str:
+        """A hash of the tokenizer itself (vocabulary, merges, normalisation) and its EOS choice:
+        equal fingerprints encode every text to the same ids, whatever the file is called."""
+        if self.kind == "sentencepiece":
+            blob = self.backend.serialized_model_proto()
+        else:
+            blob = self.backend.to_str().encode()
+        h = hashlib.sha256(blob)
+        h.update(f"eos={self.eos_id};vocab={self.vocab_size}".encode())
+        return h.hexdigest()[:16]
 
 
 def _from_tokenizer_json(path: Path, name: str) -> TextTokenizer:

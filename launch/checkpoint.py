@@ -36,7 +36,9 @@ from launch.distributed import DistEnv, barrier
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 META = "meta.json"
-FORMAT = 2  # 1: rank{r}.pt held {"loader", "rng"} and the step lived in meta.json only
+# 3: the loader addresses documents by (piece, row) (issue 9); 1 (no "format" key): by document
+# index, one rank{r}.pt of {"loader", "rng"}. Older checkpoints export but do not resume.
+FORMAT = 3
 
 
 class ShardedPart(Protocol):
@@ -125,15 +127,6 @@ def _write_durable(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def _upgrade_format_1(rank_state: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """A format-1 rank file as format 2: its RNG and meta.json's step become the train state."""
-    if "train_state" not in rank_state and "rng" in rank_state:
-        rank_state = dict(rank_state)
-        rank_state["train_state"] = {"step": meta["step"], "tokens": meta.get("tokens", 0),
-                                     "rng": rank_state.pop("rng")}
-    return rank_state
-
-
 class Checkpointer:
     """Saves, loads and publishes checkpoints of `sharded` and `per_rank` parts under `root`.
     Every method is collective (call it on every rank); only rank 0 publishes."""
@@ -177,7 +170,7 @@ class Checkpointer:
         meta = read_meta(path)
         for part in self.sharded:
             part.load(path)
-        states = [_upgrade_format_1(torch.load(path / f"rank{r}.pt", map_location="cpu", weights_only=True), meta)
+        states = [torch.load(path / f"rank{r}.pt", map_location="cpu", weights_only=True)
                   for r in range(meta["world_size"])]
         for name, part in self.per_rank.items():
             part.load_rank_states([state[name] for state in states])

@@ -231,6 +231,11 @@ def validate(cfg: Config) -> None:
     context = cfg.model.resolve().max_seq_len
     _require(d.seq_len <= context, f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
                                    "lower data.seq_len or set model.max_seq_len")
+    windows = t.tokens_per_step // d.seq_len
+    _require(windows % d.logical_shards == 0,
+             f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
+             f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
+             "change one of them")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

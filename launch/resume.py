@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launch.checkpoint import find_checkpoint, latest_checkpoint
+from launch.checkpoint import FORMAT, find_checkpoint, latest_checkpoint
 from launch.config import Config, ConfigError
 from launch.runlog import RunDir
 
@@ -23,11 +23,12 @@ log = logging.getLogger("orscale")
 # A change here makes the checkpoint meaningless for this run: refuse.
 MUST_MATCH = ("model", "tokenizer", "config.optim.name", "config.data.source", "config.data.subset",
               "config.data.data_files", "config.data.text_field", "config.data.seq_len",
-              "config.data.val_tokens", "config.data.logical_shards")
+              "config.data.val_tokens", "config.data.logical_shards", "config.data.piece_bytes",
+              "config.data.shuffle", "config.data.shuffle_buffer", "config.data.seed")
 # Changing these is routine (extend a run, log more often): no warning.
 HARMLESS = ("config.run.", "config.train.max_steps", "config.train.log_every", "config.train.eval_every",
             "config.train.ckpt_every", "config.train.progress", "config.data.encode_batch_docs",
-            "config.data.val_batch_size")
+            "config.data.val_batch_size", "config.data.prefetch_steps")
 
 
 def find_resume_point(cfg: Config, run: RunDir) -> Optional[Path]:
@@ -62,6 +63,10 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
     """ConfigError if the checkpoint cannot continue this run; a warning for changed settings."""
+    if saved.get("format", 1) != FORMAT:
+        raise ConfigError(f"cannot resume: the checkpoint is in format {saved.get('format', 1)} of an older trainer "
+                          f"(this one reads {FORMAT}: data addressed by piece and row); its weights still export "
+                          "(python -m launch.export); start a new run.dir")
     old, new = _flatten({k: saved.get(k) for k in ("model", "tokenizer", "config")}), \
         _flatten({k: current.get(k) for k in ("model", "tokenizer", "config")})
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer
+from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
 from launch.checkpoint import Checkpointer, read_meta
 from launch.config import Config, ConfigError, to_dict
 from launch.distributed import DistEnv, barrier, compute_dtype, init_distributed
@@ -48,6 +48,7 @@ class Run:
         return path
 
     def close(self) -> None:
+        self.loader.close()
         self.run_dir.close()
         self.audit.close()
 
@@ -76,8 +77,10 @@ def setup_run(cfg: Config) -> Run:
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
                           f"{model_cfg.vocab_size}; raise model.vocab_size")
-    val, val_docs = build_val_set(cfg.data, tokenizer)
-    loader = PackedLoader(cfg.data, tokenizer, first_doc=val_docs, rank=env.rank, world_size=env.world_size)
+    docs = open_documents(cfg.data, tokenizer)
+    val, val_end = build_val_set(cfg.data, docs)
+    loader = PackedLoader(cfg.data, docs, first=val_end, windows_per_step=cfg.train.tokens_per_step // cfg.data.seq_len,
+                          rank=env.rank, world_size=env.world_size)
 
     # ---- run directory and resume point: refuse to clobber an earlier run
     run_dir = RunDir(cfg.run.dir, active=env.is_main)
@@ -99,7 +102,8 @@ def setup_run(cfg: Config) -> Run:
         checkpointer.load(resume_from)
     prepare_run_dir(cfg, run_dir, state.step)
     params = engine.model.num_params()
-    run_dir.open(cfg, extra={"params": params, "accum_steps": accum_steps, "val_docs": val_docs,
+    run_dir.open(cfg, extra={"params": params, "accum_steps": accum_steps, "data": docs.describe(),
+                             "val_end": {"piece": val_end[0], "row": val_end[1]},
                              "val_windows": len(val), "device": str(env.device), "dtype": str(dtype),
                              "world_size": env.world_size, "tokenizer": tokenizer.describe(),
                              "resumed_from": str(resume_from) if resume_from else None})

@@ -164,8 +164,10 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters (the tied embedding/head counted once); `non_embedding`: without it."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.tok_emb.weight.numel() if non_embedding else total
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (6N + attention), as in the PaLM/nanoGPT MFU estimate."""

@@ -41,6 +41,6 @@ def data_config(**kw):
     from data import DataConfig
 
     base = dict(source="json", data_files=list(CORPUS), tokenizer=GPT2_DIR, seq_len=64, val_tokens=1024,
-                logical_shards=4, encode_batch_docs=16)
+                logical_shards=4, encode_batch_docs=16, piece_bytes=32768)
     base.update(kw)
     return DataConfig(**base)

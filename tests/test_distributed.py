@@ -74,7 +74,7 @@ def test_accelerate_launch_runs_fsdp_on_two_cpu_processes(tmp_path):
     [
         (["parallel.backend=ddp", "train.micro_batch_size=3"], "not a multiple"),
         (["parallel.backend=none"], "parallel.backend=none"),
-        (["parallel.backend=fsdp", "data.logical_shards=3"], "multiple of the world size"),
+        (["parallel.backend=fsdp", "data.logical_shards=1"], "multiple of the world size"),
         (["parallel.backend=ddp", "train.device=cuda"], "no CUDA device"),
     ],
 )

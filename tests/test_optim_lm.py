@@ -21,7 +21,7 @@ from orscale import build_optimizers
 from tests.helpers import TINY
 
 LM = ["model.n_layer=1", "model.d_model=192", "model.n_head=3", "data.seq_len=32", "model.max_seq_len=32",
-      "data.val_tokens=1024", "train.tokens_per_step=256", "train.micro_batch_size=8", "train.progress=false",
+      "data.val_tokens=1024", "train.tokens_per_step=256", "train.micro_batch_size=8", "train.progress=false", "data.logical_shards=8",
       "optim.warmup_steps=10", "train.max_steps=120", "train.log_every=10", "train.eval_every=0"]
 
 

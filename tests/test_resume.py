@@ -165,43 +165,23 @@ def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_p
     assert sorted(train_losses(tmp_path)) == [1, 2, 3]
 
 
-def test_format_1_checkpoints_still_load(tmp_path, gpt2_tokenizer):
-    """Checkpoints written before the parts-based checkpointer (rank{r}.pt = {"loader", "rng"}, the
-    step in meta.json only) restore model, optimizer, loader position, step and tokens."""
+def test_checkpoints_of_an_older_format_are_refused_in_one_line_and_still_export(tmp_path, capsys):
+    """Before the data path addressed documents by piece (format 1, no "format" in meta.json) the
+    loader state meant something else: resuming is refused clearly; the weights still export."""
     import json
 
-    import torch
+    import train
+    from launch.export import main as export_main
+    from tests.helpers import SMALL, TINY
 
-    from data import PackedLoader
-    from launch.distributed import DistEnv
-    from launch.train_state import TrainState
-    from models import GPT, get_preset
-    from tests.conftest import data_config
-
-    env1 = DistEnv(0, 1, 0, torch.device("cpu"), "none")
-
-    def parts(seed: int):
-        torch.manual_seed(seed)
-        model = GPT(get_preset("tiny", n_layer=1, d_model=32, n_head=2, max_seq_len=64, vocab_size=50304))
-        opt = torch.optim.AdamW(model.parameters())
-        loader = PackedLoader(data_config(), gpt2_tokenizer, first_doc=3)
-        return model, opt, loader, TrainState(0, 1)
-
-    model, opt, loader, state = parts(0)
-    loader.next_batch(3)
-    state.step, state.tokens = 3, 600
-    root = tmp_path / "checkpoints"
-    path = ckpt.Checkpointer(root, env1, [ckpt.ModelAndOptimizers(model, [opt])],
-                             {"loader": loader, "train_state": state}).save(3, {"tokens": 600})
-    new = torch.load(path / "rank0.pt", weights_only=True)
-    torch.save({"loader": new["loader"], "rng": new["train_state"]["rng"]}, path / "rank0.pt")
-    meta = json.loads((path / "meta.json").read_text())
+    base = ["--config", TINY, *SMALL, f"run.dir={tmp_path / 'run'}", "optim.name=adamw", "train.eval_every=0"]
+    assert train.main([*base, "train.max_steps=1"]) == 0
+    latest = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")
+    meta = json.loads((latest / "meta.json").read_text())
     del meta["format"]
-    (path / "meta.json").write_text(json.dumps(meta))
-
-    model2, opt2, loader2, state2 = parts(1)
-    ckpt.Checkpointer(root, env1, [ckpt.ModelAndOptimizers(model2, [opt2])],
-                      {"loader": loader2, "train_state": state2}).load(path)
-    assert (state2.step, state2.tokens) == (3, 600)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
-    assert torch.equal(loader2.next_batch(2), loader.next_batch(2))
+    (latest / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert train.main([*base, "train.max_steps=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older trainer" in err[0] and "launch.export" in err[0], err
+    assert export_main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0

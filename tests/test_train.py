@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 TINY = str(ROOT / "configs/tiny.yaml")
 FAST = ["model.n_layer=2", "data.seq_len=64", "model.max_seq_len=64", "data.val_tokens=2048",
-        "train.tokens_per_step=512", "train.micro_batch_size=8", "train.progress=false"]
+        "train.tokens_per_step=512", "train.micro_batch_size=8", "train.progress=false", "data.logical_shards=8"]
 
 
 def read_metrics(run_dir):

@@ -1,0 +1,84 @@
+"""Documents as token arrays, piece by piece, from either kind of source:
+
+* `TextDocuments`: a text corpus (`data/stream.py`), tokenised as it is read;
+* `TokenDocuments` (`data/token_shards.py`): shards written by `python -m data.prepare`, read
+  through `numpy.memmap`.
+Both give the same pieces with the same rows, each row a token array ending in EOS or None for a
+skipped row, so the loader packs identical windows from either.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator, Optional, Protocol
+
+import numpy as np
+
+from data.data_config import DataConfig
+from data.errors import first_line
+from data.stream import Catalog, build_catalog, read_texts
+from data.tokenizer import TextTokenizer
+
+log = logging.getLogger("orscale.data")
+
+
+class Documents(Protocol):
+    def __len__(self) -> int: ...  # pieces
+
+    def read(self, piece: int, start_row: int = 0) -> Iterator[Optional[np.ndarray]]: ...
+
+    def describe(self) -> dict: ...
+
+
+def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[Optional[np.ndarray]]:
+    """Each text's ids followed by EOS. A batch the tokenizer rejects (e.g. lone surrogates) is
+    retried one document at a time, skipping only the bad ones with a warning."""
+    try:
+        batches = tokenizer.encode_batch(texts)
+    except Exception:
+        batches = []
+        for text in texts:
+            try:
+                batches.append(tokenizer.encode_batch([text])[0])
+            except Exception as err:
+                log.warning("data: skipping a document the tokenizer rejects (%s)", first_line(err))
+                batches.append(None)
+    eos = tokenizer.eos_id
+    return [np.asarray(ids + [eos], dtype=np.int64) if ids is not None else None for ids in batches]
+
+
+class TextDocuments:
+    """Pieces of a text corpus, tokenised in chunks of `data.encode_batch_docs` documents."""
+
+    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Optional[Catalog] = None) -> None:
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.catalog = catalog or build_catalog(cfg)
+        self.pieces_opened = self.rows_read = 0  # instrumentation: read amplification (benchmarks, tests)
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def read(self, piece: int, start_row: int = 0) -> Iterator[Optional[np.ndarray]]:
+        self.pieces_opened += 1
+        texts = read_texts(self.catalog[piece], self.cfg.text_field, start_row)
+        while True:
+            chunk = [t for _, t in zip(range(self.cfg.encode_batch_docs), texts)]
+            if not chunk:
+                return
+            self.rows_read += len(chunk)
+            real = [t for t in chunk if t is not None]
+            encoded = iter(encode_documents(self.tokenizer, real) if real else [])
+            for text in chunk:
+                yield None if text is None else next(encoded)
+
+    def describe(self) -> dict:
+        return {"source": self.cfg.source, **self.catalog.describe()}
+
+
+def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
+    """The documents of `cfg.source`: pre-tokenised shards (`tokens`) or a text corpus."""
+    if cfg.source == "tokens":
+        from data.token_shards import TokenDocuments
+
+        return TokenDocuments.open(cfg, tokenizer)
+    return TextDocuments(cfg, tokenizer)
