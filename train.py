@@ -20,11 +20,10 @@ from typing import Optional
 import torch
 
 from launch.config import USER_ERRORS, Config, load_config
-from launch.distributed import DistEnv, all_reduce_sum, shutdown
+from launch.distributed import DistEnv, all_reduce_sum, die_with_parent, shutdown
 from launch.engine import Engine
-from launch.meter import StepMeter
 from launch.preemption import StopFlag
-from launch.run_setup import setup_run
+from launch.run_setup import Run, RunComplete, setup_run
 from launch.runlog import setup_logging
 from orscale.schedule import lr_at
 
@@ -66,12 +65,21 @@ def evaluate(engine: Engine, val: torch.Tensor, batch_size: int, env: DistEnv) -
 
 
 def train(cfg: Config) -> dict:
-    run = setup_run(cfg)
-    engine, loader, state, env, t = run.engine, run.loader, run.state, run.env, cfg.train
+    try:
+        run = setup_run(cfg)
+    except RunComplete as done:
+        log.info("%s: nothing to do (raise train.max_steps to train further)", done)
+        return {"step": done.step, "complete": True}
+    try:
+        return _loop(run)
+    finally:
+        run.close()
+
+
+def _loop(run: Run) -> dict:
+    cfg, engine, loader, state, meter, env, t = run.cfg, run.engine, run.loader, run.state, run.meter, run.env, run.cfg.train
     stop, progress = StopFlag(env), _progress(cfg, env, state.step)
-    meter = StepMeter(env, engine.model.flops_per_token(cfg.data.seq_len), engine.model.num_params(),
-                      engine.model.num_params(non_embedding=True))
-    last_loss = val_loss = math.nan
+    last_loss, last_val = math.nan, (math.nan, None)
     while state.step < t.max_steps:
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
         windows = loader.next_step()  # this rank's share of the step, read ahead in the background
@@ -82,19 +90,20 @@ def train(cfg: Config) -> dict:
         grad_norm = engine.step(lr)
         state.step += 1
         state.tokens += run.tokens_per_step
-        meter.end_step(run.tokens_per_step, loader.take_wait_s())
+        meter.end_step(state.step, grad_norm, run.tokens_per_step, loader.take_wait_s())
 
         if state.step % t.log_every == 0 or state.step in (t.max_steps, run.start_step + 1):
             record = {"step": state.step, "tokens": state.tokens, "lr": lr, "grad_norm": float(grad_norm),
                       **meter.read(state.tokens), **engine.diagnostics()}
             run.run_dir.write(record)
+            run.check_finite()  # the loss was just read: this costs one tiny all-reduce more
             last_loss = record["train_loss"]
             progress.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
-            val_loss = evaluate(engine, run.val, cfg.data.val_batch_size, env)
-            run.run_dir.write({"step": state.step, "tokens": state.tokens, "val_loss": val_loss,
+            last_val = (evaluate(engine, run.val, cfg.data.val_batch_size, env), state.step)
+            run.run_dir.write({"step": state.step, "tokens": state.tokens, "val_loss": last_val[0],
                                "val_tokens": run.val[:, 1:].numel()})
-            log.info("step %d: val_loss %.4f", state.step, val_loss)
+            log.info("step %d: val_loss %.4f", state.step, last_val[0])
             meter.restart_clock()  # evaluation time is not training throughput
         progress.update(1)
         if stop.agreed():
@@ -106,19 +115,22 @@ def train(cfg: Config) -> dict:
             meter.restart_clock()
     stop.restore()
     progress.close()
-    run.close()
-    log.info("done at step %d: last train loss %.4f, last val loss %.4f", state.step, last_loss, val_loss)
-    return {"step": state.step, "last_train_loss": last_loss, "val_loss": val_loss}
+    val = f"{last_val[0]:.4f} (step {last_val[1]})" if last_val[1] is not None else "not evaluated in this launch"
+    log.info("%s at step %d: last train loss %.4f, last val loss %s",
+             "stopped by a signal" if stop.raised else "done", state.step, last_loss, val)
+    return {"step": state.step, "last_train_loss": last_loss, "val_loss": last_val[0]}
 
 
 def _progress(cfg: Config, env: DistEnv, start: int):
     from tqdm import tqdm
 
-    return tqdm(total=cfg.train.max_steps, initial=start, disable=not (cfg.train.progress and env.is_main),
+    # disable=None: no bar when stderr is not a terminal (piped logs stay readable).
+    return tqdm(total=cfg.train.max_steps, initial=start, disable=None if cfg.train.progress and env.is_main else True,
                 dynamic_ncols=True, desc="train")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    die_with_parent()
     setup_logging(rank=0)
     args = parse_args(argv)
     try:

@@ -10,10 +10,11 @@ from data.errors import DataError
 
 @dataclass
 class DataConfig:
-    # A hub dataset name (e.g. HuggingFaceFW/fineweb-edu; its parquet files), "json" (JSON Lines) or
-    # "parquet" with data_files, or "tokens" with data_files = [a `python -m data.prepare` output
-    # directory]. Relative paths resolve against the project root.
-    source: str = "json"
+    # "auto" (local data_files, format from each file's extension, or a data.prepare directory),
+    # "json" (JSON Lines) or "parquet" with data_files, "tokens" with data_files = [a
+    # `python -m data.prepare` output directory], or a hub dataset name (e.g.
+    # HuggingFaceFW/fineweb-edu: its parquet files). Relative paths resolve against the project root.
+    source: str = "auto"
     subset: Optional[str] = None  # hub config name, e.g. sample-10BT
     data_files: list[str] = field(default_factory=list)
     split: str = "train"

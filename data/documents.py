@@ -76,8 +76,13 @@ class TextDocuments:
 
 
 def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
-    """The documents of `cfg.source`: pre-tokenised shards (`tokens`) or a text corpus."""
-    if cfg.source == "tokens":
+    """The documents of `cfg.source`: pre-tokenised shards (`tokens`, or `auto` given a directory
+    that holds a token-shard manifest) or a text corpus."""
+    from data.paths import resolve_path
+
+    is_shard_dir = (cfg.source == "auto" and len(cfg.data_files) == 1
+                    and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file())
+    if cfg.source == "tokens" or is_shard_dir:
         from data.token_shards import TokenDocuments
 
         return TokenDocuments.open(cfg, tokenizer)

@@ -56,6 +56,9 @@ def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple
                 stream = np.concatenate(pieces)[:need].astype(np.int64)
                 idx = np.arange(n_windows)[:, None] * T + np.arange(T + 1)[None, :]
                 return torch.from_numpy(stream[idx]), boundary
+    if have == 0:
+        raise DataError(f"the corpus has no documents ({docs.describe()}); check data.data_files and "
+                        "data.text_field")
     raise DataError(f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
                     "plus training data; lower data.val_tokens or add data")
 

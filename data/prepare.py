@@ -75,7 +75,9 @@ def _done_entry(out: Path, k: int, corpus_file: CorpusFile) -> Optional[dict[str
 
 def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True) -> dict[str, Any]:
     """Write (or finish writing) the token shards of `cfg`'s corpus into `out`; returns the manifest."""
-    if cfg.source == "tokens":
+    from data.paths import resolve_path
+
+    if cfg.source == "tokens" or (cfg.data_files and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file()):
         raise DataError("data.source=tokens is already tokenised; give the config of the text corpus")
     tokenizer = load_tokenizer(cfg.tokenizer)
     catalog = build_catalog(cfg)

@@ -26,6 +26,7 @@ from data.paths import resolve_path
 log = logging.getLogger("orscale.data")
 
 TEXT_FORMATS = ("json", "parquet")
+_EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
 PARQUET_BATCH_ROWS = 1024  # rows per pyarrow batch inside a row group (bounds memory on big groups)
 
 
@@ -130,10 +131,29 @@ class Catalog:
         return {"files": len(self.files), "pieces": len(self), "piece_bytes": self.piece_bytes}
 
 
+def file_format(path: str, source: str) -> str:
+    """`json` or `parquet` for a local file: `data.source` when set, else from the extension; a
+    file whose extension says otherwise than `data.source` is a one-line error."""
+    suffix = next((s for s in _EXTENSIONS if path.endswith(s)), None)
+    if suffix is None and path.endswith((".gz", ".zst", ".bz2", ".xz")):
+        raise DataError(f"data file '{path}' is compressed: JSON Lines are read by byte range, so decompress it "
+                        "(or pre-tokenise it with python -m data.prepare)")
+    guessed = _EXTENSIONS.get(suffix)
+    if source == "auto":
+        if guessed is None:
+            raise DataError(f"cannot tell the format of data file '{path}' from its name; set data.source=json "
+                            "(JSON Lines) or data.source=parquet")
+        return guessed
+    if guessed is not None and guessed != source:
+        raise DataError(f"data file '{path}' looks like {guessed} but data.source={source}; set "
+                        f"data.source={guessed} (or auto, to go by the file names)")
+    return source
+
+
 def build_catalog(cfg: DataConfig) -> Catalog:
     """The pieces of `cfg`'s text corpus (local JSON Lines / parquet, or a hub dataset's parquet)."""
-    if cfg.source in TEXT_FORMATS:
-        files = [describe_file(p, cfg.source, cfg.piece_bytes) for p in _local_files(cfg)]
+    if cfg.source in TEXT_FORMATS + ("auto",):
+        files = [describe_file(p, file_format(p, cfg.source), cfg.piece_bytes) for p in _local_files(cfg)]
     else:
         files = [describe_file(p, "parquet", cfg.piece_bytes) for p in _hub_files(cfg)]
     return Catalog(files, cfg.piece_bytes)

@@ -10,10 +10,13 @@ Two kinds of part:
     states go into `rank{r}.pt`, and on load the part receives the states of *every* saving rank
     (`load_rank_states`), so it can merge them when the world size changed.
 
-Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, and `meta.json`
-(step, tokens, world size, resolved config, git commit; written last). Everything is written under
+Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, `manifest.json`
+(every file's size and checksum) and `meta.json` (step, tokens, world size, resolved config, git
+commit; written last). Everything is written under
 `.tmp_step_N/` and renamed when complete, so a crash mid-save never leaves a broken checkpoint;
-`latest` names the newest complete one. Per-rank files load with `torch.load(weights_only=True)`.
+`latest` names the newest complete one. Nothing read from a checkpoint can run code: per-rank files
+load with `torch.load(weights_only=True)`, DCP through `launch.dcp_safe` (an allow-listed unpickler
+for its metadata). DeepSpeed's own files are the exception (see `launch/deepspeed_engine.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launch.dcp_safe import dcp_load, load_metadata
 from launch.distributed import DistEnv, barrier
+from launch.manifest import verify_manifest, write_manifest
 
 # DCP warns on every single-process save/load that it assumes no process group: that is intended.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -68,7 +73,7 @@ class ModelAndOptimizers:
     def load(self, directory: Path) -> None:
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
+        dcp_load(state, str(Path(directory) / "dcp"))
         set_state_dict(self.module, self.optimizers, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
 
@@ -94,6 +99,29 @@ def latest_checkpoint(root: str | Path) -> Optional[Path]:
     return done[-1] if done else None
 
 
+def check_loadable(path: str | Path) -> Optional[str]:
+    """None if the checkpoint looks loadable; otherwise what is wrong, naming the file. Checks the
+    manifest (sizes, checksums) and reads the small files the way a load will (meta.json, the
+    per-rank states, DCP's metadata through the allow-listed unpickler) — never running code."""
+    path = Path(path)
+    problem = verify_manifest(path)
+    if problem is not None:
+        return problem
+    current = path / META
+    try:
+        meta = read_meta(path)
+        for r in range(int(meta["world_size"])):
+            current = path / f"rank{r}.pt"
+            torch.load(current, map_location="cpu", weights_only=True)
+        if (path / "dcp").is_dir():
+            current = path / "dcp" / ".metadata"
+            with open(current, "rb") as fh:
+                load_metadata(fh)
+    except Exception as err:  # any failure to read is the same answer: do not resume from it
+        return f"{current} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return None
+
+
 def find_checkpoint(path: str | Path) -> Optional[Path]:
     """A complete checkpoint from a step directory, a checkpoints root or a run directory (the
     newest one of the latter two), or None."""
@@ -115,7 +143,7 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, An
         model.load_state_dict(load_file(str(path / "model.safetensors")))
     else:
         sd = model.state_dict()
-        dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
+        dcp_load({"model": sd}, str(path / "dcp"))
         model.load_state_dict(sd)
     return read_meta(path)
 
@@ -150,6 +178,7 @@ class Checkpointer:
         torch.save({name: part.state_dict() for name, part in self.per_rank.items()}, tmp / f"rank{self.env.rank}.pt")
         barrier()
         if self.env.is_main:
+            write_manifest(tmp, exclude=(META,))  # sizes and checksums: a resume can tell damage
             _write_durable(tmp / META, json.dumps({**meta, "step": step, "world_size": self.env.world_size,
                                                    "format": FORMAT}, indent=1))
             if final.exists():  # the same step saved again (e.g. SIGTERM right after a save)

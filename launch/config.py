@@ -13,6 +13,7 @@ small and the error messages matter more than generality.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -59,11 +60,12 @@ class RunConfig:
     dir: str = "runs/tiny"
     resume: str = "auto"  # auto | none | <path to a checkpoint>
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
-    keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted
+    keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted (0: keep all)
 
     def __post_init__(self) -> None:
         _require(self.resume in ("auto", "none") or bool(self.resume),
                  "run.resume must be auto, none or a checkpoint path")
+        _require(self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -77,11 +79,19 @@ class TrainConfig:
     ckpt_every: int = 0  # 0: only the final checkpoint
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     device: str = "auto"  # auto | cpu | cuda
-    progress: bool = True
+    progress: bool = True  # a progress bar on rank 0 when stderr is a terminal
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
+    skip_spikes: bool = False  # skip the update when loss or grad norm > mean + k·σ of the last steps
+    spike_window: int = 128  # steps in the rolling mean and σ (OLMo-core's rule)
+    spike_sigma: float = 6.0  # k
+    tensorboard: bool = False  # mirror metrics.jsonl to <run.dir>/tensorboard (needs tensorboard)
+    wandb: bool = False  # mirror metrics.jsonl to Weights & Biases in offline mode (needs wandb)
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")
+        _require(self.tokens_per_step >= 1, f"train.tokens_per_step must be >= 1, got {self.tokens_per_step}")
+        _require(self.spike_window >= 2, f"train.spike_window must be >= 2, got {self.spike_window}")
+        _require(self.spike_sigma > 0, f"train.spike_sigma must be > 0, got {self.spike_sigma}")
         _require(self.micro_batch_size >= 1, f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _require(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
         _require(self.eval_every >= 0, f"train.eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
@@ -124,17 +134,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return None
         return _coerce(value, args[0], key)
     if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str) and item_tp is str:
+            value = [value]  # one path where a list of paths is expected
         if not isinstance(value, list):
             raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
-        (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if tp is float and isinstance(value, str):
         try:  # PyYAML reads `1e-3` (no dot) as a string: accept it as the number it means
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # e.g. `model.preset=125m` is fine, `run.resume=none` too
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
@@ -226,6 +240,8 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> Config:
 def validate(cfg: Config) -> None:
     """The checks that span sections (each section has checked itself on construction)."""
     t, d = cfg.train, cfg.data
+    _require(t.tokens_per_step >= d.seq_len,
+             f"train.tokens_per_step ({t.tokens_per_step}) must be at least one window of data.seq_len ({d.seq_len})")
     _require(t.tokens_per_step % d.seq_len == 0,
              f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})")
     context = cfg.model.resolve().max_seq_len

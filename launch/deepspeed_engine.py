@@ -6,6 +6,12 @@ on whole matrices at an owner rank): it matches a single-process run of ``build_
 DeepSpeed's own ``gradient_clipping`` stays 0; the optimizer clips the raw gradients with the
 global norm DeepSpeed computes, exactly like ``clip_grad_norm_`` in the other backends.
 
+One arithmetic across backends: DeepSpeed keeps fp32 parameters, so gradients are accumulated and
+reduced in fp32 (its bf16 mode would accumulate ZeRO-2 gradients and reduce them in bf16, while
+FSDP2 reduces in fp32 and SPEC §1 takes G in fp32); a bf16 run computes in bf16 through the same
+`torch.autocast` as the other engines. The cost is fp32 weights on every rank (ZeRO-1/2 do not
+shard parameters): 4 bytes per parameter instead of 2.
+
 Checkpoints are DeepSpeed's own (per-rank optimizer files): they load only at the data-parallel
 size, stage and optimizer they were saved with (checked first, from zero_meta.json), and DeepSpeed
 reads them with ``torch.load(weights_only=False)``: load only checkpoints you wrote.
@@ -44,13 +50,17 @@ def check_zero_config(cfg: Config) -> None:
     backend = cfg.parallel.backend
     if backend not in ("zero1", "zero2"):
         raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
+    if cfg.train.skip_spikes:
+        raise ConfigError(f"train.skip_spikes is not supported with parallel.backend={backend} (DeepSpeed owns the "
+                          "step); use parallel.backend=fsdp or ddp, or leave it off")
     if cfg.optim.name not in ZERO_OPTIMIZERS:
         raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.optim.name!r}: ZeRO-1/2 supports "
                           f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
 
 
-def ds_config(cfg: Config, world_size: int, accum_steps: int, bf16: bool) -> dict[str, Any]:
-    """The DeepSpeed config dict for this run (nothing is read from a JSON file)."""
+def ds_config(cfg: Config, world_size: int, accum_steps: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for this run (nothing is read from a JSON file). fp32 parameters,
+    gradients and reductions; compute precision is the engine's autocast."""
     micro = cfg.train.micro_batch_size
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
@@ -64,15 +74,13 @@ def ds_config(cfg: Config, world_size: int, accum_steps: int, bf16: bool) -> dic
             "compute_grad_norm": True,  # the clip uses DeepSpeed's global norm of the raw gradients
             "load_from_fp32_weights": True,
         },
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": False},
         "fp16": {"enabled": False},
+        "communication_data_type": "fp32",
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
-    if bf16 and zero_stage(cfg) == 1:
-        # ZeRO-1 then keeps fp32 gradients (DeepSpeed's BF16 optimizer); ZeRO-2 reduces in bf16.
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
 
 
@@ -121,9 +129,7 @@ class DeepSpeedEngine(Engine):
             raise RuntimeError("DeepSpeedEngine needs the process group (launch.distributed.init_distributed)")
         self.cfg = cfg
         self.world_size = dist.get_world_size()
-        # bf16 params + fp32 master partitions on CUDA when the run computes in bf16; fp32 elsewhere.
-        self.bf16 = dtype == torch.bfloat16 and env.device.type == "cuda"
-        self.config = _merge(ds_config(cfg, self.world_size, accum_steps, self.bf16), ds_overrides or {})
+        self.config = _merge(ds_config(cfg, self.world_size, accum_steps), ds_overrides or {})
         model = build_model(model_cfg, cfg.parallel, cfg.train.seed, env, dtype)
         self.optimizer = ZeroShardedOptimizer(model, cfg.optim)
         self.module, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config,
@@ -161,6 +167,7 @@ class DeepSpeedEngine(Engine):
             group["lr"] = float(lr)
         self.module.step()
         self._micro = 0
+        self._step_loss = torch.zeros_like(self._step_loss)
         return self.module.get_global_grad_norm()
 
     def diagnostics(self) -> dict[str, float]:

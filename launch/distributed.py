@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -134,3 +135,45 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+T = TypeVar("T")
+
+
+def rank0_decides(fn: Callable[[], T]) -> T:
+    """`fn()` evaluated on rank 0 only and its result handed to every rank, so that all ranks act on
+    one decision about shared files (lock, resume point) and none waits on a peer that failed: an
+    exception on rank 0 is re-raised there and raised on the others as the same message."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return fn()
+    outcome: list[Any] = [None]
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", fn())
+        except Exception as err:  # every rank must leave the broadcast below
+            error, outcome[0] = err, ("user" if isinstance(err, ValueError) else "fail", str(err))
+    dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
+    kind, value = outcome[0]
+    if kind == "user":
+        raise ConfigError(value)
+    if kind == "fail":
+        raise RuntimeError(f"rank 0 failed: {value}")
+    return value
+
+
+def die_with_parent() -> None:
+    """Under torchrun: ask the kernel to SIGKILL this worker when its launcher dies (kill -9 of
+    torchrun would otherwise leave workers training as orphans, writing into the run dir)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)

@@ -30,6 +30,7 @@ from launch.checkpoint import ModelAndOptimizers
 from launch.config import Config
 from launch.distributed import DistEnv
 from launch.parallelize import build_model, no_sync, wrap_ddp
+from launch.spikes import SpikeGuard
 from models import GPT, GPTConfig
 from orscale import build_optimizers, collect_diagnostics, set_lr
 
@@ -43,6 +44,7 @@ class Engine(ABC):
 
     def __init__(self, env: DistEnv, dtype: torch.dtype, accum_steps: int) -> None:
         self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
+        self._step_loss = torch.zeros((), device=env.device)  # this rank's loss of the current step
 
     @staticmethod
     def check_config(cfg: Config) -> None:
@@ -63,6 +65,7 @@ class Engine(ABC):
         with self._accumulating(last_micro_batch), self.autocast():
             loss = self.module(batch[:, :-1], batch[:, 1:]) / self.accum_steps
             self._backward(loss)
+        self._step_loss += loss.detach()
         return loss.detach()
 
     @abstractmethod
@@ -101,6 +104,8 @@ class TorchEngine(Engine):
         self.optimizers = build_optimizers(self.model, cfg.optim, backend=backend, mode=cfg.parallel.muon_mode)
         self.max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
+        t = cfg.train
+        self.spikes = SpikeGuard(t.spike_window, t.spike_sigma, env.world_size) if t.skip_spikes else None
 
     def _accumulating(self, last_micro_batch: bool) -> ContextManager:
         return no_sync(self.module, last_micro_batch)
@@ -111,14 +116,18 @@ class TorchEngine(Engine):
     def step(self, lr: float) -> Tensor:
         set_lr(self.optimizers, lr)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+        skip = self.spikes is not None and self.spikes.is_spike(self._step_loss, norm)
         for opt in self.optimizers:
-            opt.step()
+            if not skip:
+                opt.step()
             opt.zero_grad(set_to_none=True)
-        # FSDP2 returns a replicated DTensor: its local value is the global norm.
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self._step_loss = torch.zeros_like(self._step_loss)
+        return norm
 
     def diagnostics(self) -> dict[str, float]:
-        return collect_diagnostics(self.optimizers)
+        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
+        return {**collect_diagnostics(self.optimizers), **extra}
 
     def save(self, directory: Path) -> None:
         self._checkpoint.save(directory)

@@ -23,7 +23,7 @@ import torch
 
 from data import load_tokenizer
 from data.paths import resolve_path
-from launch.checkpoint import find_checkpoint, load_model_weights, read_meta
+from launch.checkpoint import check_loadable, find_checkpoint, load_model_weights, read_meta
 from launch.config import USER_ERRORS
 from models.gpt import GPT, GPTConfig
 from models.hf_mapping import ExportError, arcee_model
@@ -119,6 +119,9 @@ def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor],
     with torch.device("meta"):  # shapes only: the checkpoint supplies every value
         model = GPT(cfg)
     model.to_empty(device="cpu")
+    problem = check_loadable(found)
+    if problem is not None:
+        raise ExportError(f"checkpoint '{found}' is damaged: {problem}")
     with warnings.catch_warnings():  # "assuming ... a single process": exactly what we want
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         load_model_weights(found, model)

@@ -1,15 +1,21 @@
 """What a training-log line measures between two logging steps, so runs compare on equal terms:
 the mean train loss (summed on the device, read once per line), throughput, MFU against the
 device's dense bf16 peak, peak memory, the share of step time spent waiting for data, and the
-Chinchilla multiple (tokens ÷ 20 × non-embedding parameters)."""
+Chinchilla multiple (tokens ÷ 20 × non-embedding parameters).
+
+It also watches for divergence: the first step with a non-finite loss or gradient norm is noted on
+the device every step (no host sync) and read, agreed across ranks, only when the run syncs anyway
+(logging steps) or must know (before a checkpoint is written)."""
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from launch.distributed import DistEnv, all_reduce_sum
@@ -31,6 +37,9 @@ class StepMeter:
         self.flops_per_token, self.params, self.non_embedding = flops_per_token, params, non_embedding_params
         self.peak = peak_tflops(env.device)
         self._loss_sum = torch.zeros((), device=env.device)
+        self._step_loss = torch.zeros((), device=env.device)
+        # First step with a non-finite [loss, gradient norm] on this rank (inf: none yet).
+        self._first_bad = torch.full((2,), math.inf, dtype=torch.float64, device=env.device)
         self._steps = 0
         self._tokens = 0
         self._wait = 0.0
@@ -38,13 +47,28 @@ class StepMeter:
 
     def add_micro_batch(self, loss: Tensor) -> None:
         """A micro-batch's share of its step's mean loss (device tensor: no host sync)."""
-        self._loss_sum += loss
+        self._step_loss += loss
 
-    def end_step(self, tokens: int, data_wait_s: float) -> None:
+    def end_step(self, step: int, grad_norm: Any, tokens: int, data_wait_s: float) -> None:
         """`tokens`: the step's global tokens; `data_wait_s`: this rank's wait for its batch."""
+        norm = torch.as_tensor(grad_norm, device=self.env.device).reshape(())
+        bad = torch.stack([~torch.isfinite(self._step_loss), ~torch.isfinite(norm)])
+        self._first_bad = torch.where(bad & torch.isinf(self._first_bad), float(step), self._first_bad)
+        self._loss_sum += self._step_loss
+        self._step_loss = torch.zeros_like(self._step_loss)
         self._steps += 1
         self._tokens += tokens
         self._wait += data_wait_s
+
+    def divergence(self) -> Optional[tuple[str, int]]:
+        """(quantity, first step) if any rank saw a non-finite loss or gradient norm. Collective."""
+        first = self._first_bad.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        loss_step, norm_step = first.tolist()
+        if math.isinf(loss_step) and math.isinf(norm_step):
+            return None
+        return ("loss", int(loss_step)) if loss_step <= norm_step else ("gradient norm", int(norm_step))
 
     def restart_clock(self) -> None:
         """Exclude what just happened (evaluation, a checkpoint) from the throughput."""

@@ -1,22 +1,27 @@
 """Where a run starts: a fresh run directory, or the newest complete checkpoint in it.
 
-`run.resume`: `auto` (default) resumes from the newest complete checkpoint of `run.dir` if there
-is one; `none` starts fresh; a path resumes from that checkpoint. A run directory that already
-holds metrics is never silently restarted over: that needs `run.overwrite=true`, and even then
-the old metrics file is kept under a new name.
+`run.resume`: `auto` (default) resumes from the newest *intact* checkpoint of `run.dir` (one whose
+files match its manifest; a damaged newer one is skipped with a warning naming the file); `none`
+starts fresh; a path resumes from that checkpoint. A run directory that holds metrics but no
+checkpoint is restarted from step 0 only when it holds the same run (a requeue after a preemption
+before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
+always kept under a new name.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launch.checkpoint import FORMAT, find_checkpoint, latest_checkpoint
-from launch.config import Config, ConfigError
-from launch.runlog import RunDir
+import yaml
+
+from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, is_complete
+from launch.config import Config, ConfigError, to_dict
+from launch.runlog import RunDir, read_metrics, strict_json
 
 log = logging.getLogger("orscale")
 
@@ -31,8 +36,31 @@ HARMLESS = ("config.run.", "config.train.max_steps", "config.train.log_every", "
             "config.data.val_batch_size", "config.data.prefetch_steps")
 
 
+def newest_intact_checkpoint(root: Path) -> Optional[Path]:
+    """The newest complete checkpoint under `root` whose files are intact and readable."""
+    for path in sorted((p for p in root.glob("step_*") if is_complete(p)), reverse=True):
+        problem = check_loadable(path)
+        if problem is None:
+            return path
+        log.warning("checkpoint %s is damaged (%s): trying the one before it", path.name, problem)
+    return None
+
+
+def same_run(run: RunDir, cfg: Config) -> bool:
+    """Whether the run dir's config.yaml is this run's (ignoring what HARMLESS may change)."""
+    path = run.path / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError:
+        return False
+    if not isinstance(saved, dict):
+        return False
+    old, new = _flatten({"config": saved}), _flatten({"config": to_dict(cfg)})
+    return not [k for k in set(old) | set(new) if old.get(k) != new.get(k) and not any(k.startswith(h) for h in HARMLESS)]
+
+
 def find_resume_point(cfg: Config, run: RunDir) -> Optional[Path]:
-    ckpt_root = run.path / "checkpoints"
+    """The checkpoint this run continues from, or None for step 0 (see the module docstring)."""
     has_run = run.metrics_path.exists()
     mode = cfg.run.resume
     if mode == "none":
@@ -41,14 +69,21 @@ def find_resume_point(cfg: Config, run: RunDir) -> Optional[Path]:
                               "another run.dir, or run.overwrite=true to start over (old metrics are kept)")
         return None
     if mode == "auto":
-        found = latest_checkpoint(ckpt_root)
+        found = newest_intact_checkpoint(run.path / "checkpoints")
         if found is None and has_run and not cfg.run.overwrite:
-            raise ConfigError(f"run.dir '{run.path}' already holds a run (metrics.jsonl) but no complete "
-                              "checkpoint; choose another run.dir or pass run.overwrite=true")
+            if not same_run(run, cfg):
+                raise ConfigError(f"run.dir '{run.path}' already holds a run (metrics.jsonl) of another config "
+                                  "and no complete checkpoint; choose another run.dir or pass "
+                                  "run.overwrite=true")
+            log.warning("run.dir %s holds an earlier attempt of this run but no complete checkpoint (stopped "
+                        "before its first save): starting again from step 0; its metrics are kept aside", run.path)
         return found
     found = find_checkpoint(mode)
     if found is None:
-        raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json and dcp/ inside)")
+        raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json inside)")
+    problem = check_loadable(found)
+    if problem is not None:
+        raise ConfigError(f"run.resume='{mode}' is damaged: {problem}; pick another checkpoint")
     return found
 
 
@@ -85,15 +120,16 @@ def prepare_run_dir(cfg: Config, run: RunDir, start_step: int) -> None:
     """Make metrics.jsonl continue at `start_step` with no duplicate steps (rank 0 only)."""
     if not run.active or not run.metrics_path.exists():
         return
-    if start_step == 0:  # run.overwrite=true: keep the old file under a new name
+    if start_step == 0:  # a new start: keep the old file under a new name
         kept = run.metrics_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
         os.replace(run.metrics_path, kept)
-        log.warning("run.overwrite: previous metrics kept as %s", kept.name)
+        log.warning("previous metrics kept as %s", kept.name)
         return
-    import json
-
-    lines = run.metrics_path.read_text().splitlines()
-    keep = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= start_step]
+    records, bad = read_metrics(run.metrics_path)
+    if bad:
+        log.warning("metrics.jsonl: dropped %d line(s) that do not parse (line %s; a write cut by a kill)",
+                    len(bad), ", ".join(map(str, bad[:5])))
+    keep = [r for r in records if isinstance(r, dict) and r.get("step", 0) <= start_step]
     tmp = run.metrics_path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.write_text("".join(json.dumps(strict_json(r), allow_nan=False) + "\n" for r in keep))
     os.replace(tmp, run.metrics_path)

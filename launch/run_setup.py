@@ -1,6 +1,6 @@
 """Everything a run needs before its first step, in one place: config checks, process group, data,
-run directory and resume point, engine, checkpointer, metadata. `train.py` calls `setup_run` and
-then runs its loop on what comes back."""
+run directory (locked: one writer) and resume point, engine, checkpointer, metadata. `train.py`
+calls `setup_run` and then runs its loop on what comes back."""
 
 from __future__ import annotations
 
@@ -13,15 +13,29 @@ from typing import Any, Optional
 import torch
 
 from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
-from launch.checkpoint import Checkpointer, read_meta
-from launch.config import Config, ConfigError, to_dict
-from launch.distributed import DistEnv, barrier, compute_dtype, init_distributed
+from launch.checkpoint import Checkpointer, latest_checkpoint, read_meta
+from launch.config import Config, ConfigError, UserError, to_dict
+from launch.distributed import DistEnv, compute_dtype, init_distributed, rank0_decides
 from launch.engine import Engine, engine_class
+from launch.meter import StepMeter
 from launch.resume import check_resume_compatible, find_resume_point, prepare_run_dir
-from launch.runlog import RunDir, WindowAudit, git_commit, setup_logging
+from launch.run_lock import RunLock
+from launch.runlog import RunDir, WindowAudit, check_mirrors_available, git_commit, setup_logging
 from launch.train_state import TrainState
 
 log = logging.getLogger("orscale")
+
+
+class DivergenceError(UserError):
+    """Training produced a non-finite loss or gradient norm: nothing is saved from it."""
+
+
+class RunComplete(Exception):
+    """The run directory already holds this run's final checkpoint: there is nothing to do."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        super().__init__(f"run already complete at step {step} ({path})")
+        self.step, self.path = step, path
 
 
 @dataclass
@@ -33,8 +47,10 @@ class Run:
     loader: PackedLoader
     engine: Engine
     state: TrainState
+    meter: StepMeter
     checkpointer: Checkpointer
     run_dir: RunDir
+    lock: RunLock
     audit: WindowAudit
     meta: dict[str, Any]  # what every checkpoint records: config, commit, model, tokenizer
     accum_steps: int
@@ -42,7 +58,24 @@ class Run:
     start_step: int
     resumed_from: Optional[Path]
 
+    def check_finite(self) -> None:
+        """DivergenceError (one line: where, the last good checkpoint, what to do) if any rank saw a
+        non-finite loss or gradient norm. Collective."""
+        found = self.meter.divergence()
+        if found is None:
+            return
+        quantity, step = found
+        good = latest_checkpoint(self.run_dir.path / "checkpoints")
+        lr = self.cfg.optim.lr
+        where = (f"the last good checkpoint is {good} (step {read_meta(good)['step']}); the same command "
+                 f"with a lower optim.lr (e.g. optim.lr={lr / 2:g}) resumes from it" if good is not None else
+                 f"there is no checkpoint yet; start again with a lower optim.lr (e.g. optim.lr={lr / 2:g})")
+        raise DivergenceError(f"training diverged: non-finite {quantity} at step {step}; nothing was saved "
+                              f"from it; {where}")
+
     def save(self) -> Path:
+        """A checkpoint of the current state, after checking that it is finite on every rank."""
+        self.check_finite()
         path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
         log.info("checkpoint: %s", path)
         return path
@@ -51,6 +84,7 @@ class Run:
         self.loader.close()
         self.run_dir.close()
         self.audit.close()
+        self.lock.release()
 
 
 def _accum_steps(cfg: Config, world_size: int) -> int:
@@ -63,11 +97,13 @@ def _accum_steps(cfg: Config, world_size: int) -> int:
 
 
 def setup_run(cfg: Config) -> Run:
-    """Check, build and (if there is a checkpoint) restore everything; open the run directory."""
+    """Check, build and (if there is a checkpoint) restore everything; open the run directory.
+    Raises RunComplete when the run directory already holds this run's final checkpoint."""
     # ---- cheap checks first: nothing is read or written before the config is known to be sound
     model_cfg = cfg.model.resolve()
     engine_type = engine_class(cfg.parallel.backend)
     engine_type.check_config(cfg)
+    check_mirrors_available(cfg)
     env = init_distributed(cfg)
     setup_logging(env.rank)
     accum_steps = _accum_steps(cfg, env.world_size)
@@ -79,30 +115,47 @@ def setup_run(cfg: Config) -> Run:
                           f"{model_cfg.vocab_size}; raise model.vocab_size")
     docs = open_documents(cfg.data, tokenizer)
     val, val_end = build_val_set(cfg.data, docs)
-    loader = PackedLoader(cfg.data, docs, first=val_end, windows_per_step=cfg.train.tokens_per_step // cfg.data.seq_len,
-                          rank=env.rank, world_size=env.world_size)
 
-    # ---- run directory and resume point: refuse to clobber an earlier run
-    run_dir = RunDir(cfg.run.dir, active=env.is_main)
-    resume_from = find_resume_point(cfg, run_dir)
+    # ---- run directory: one writer (rank 0 holds the lock), and where this run starts
+    run_dir, lock = RunDir(cfg.run.dir, active=env.is_main), RunLock(Path(cfg.run.dir))
     meta = {"config": to_dict(cfg), "git_commit": git_commit(), "tokenizer": tokenizer.describe(),
             "model": dataclasses.asdict(model_cfg)}
-    if resume_from is not None:
-        check_resume_compatible(read_meta(resume_from), meta)
-        engine_type.check_checkpoint(resume_from, env.world_size)
-    barrier()  # every rank has looked at the run dir before rank 0 starts writing to it
 
-    # ---- engine (model, parallelism, optimizers), checkpoint parts, restore
-    dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine = engine_type(model_cfg, cfg, env, dtype, accum_steps)
-    state = TrainState(env.rank, env.world_size)
-    checkpointer = Checkpointer(run_dir.path / "checkpoints", env, sharded=[engine],
-                                per_rank={"loader": loader, "train_state": state}, keep=cfg.run.keep_checkpoints)
-    if resume_from is not None:
-        checkpointer.load(resume_from)
-    prepare_run_dir(cfg, run_dir, state.step)
-    params = engine.model.num_params()
-    run_dir.open(cfg, extra={"params": params, "accum_steps": accum_steps, "data": docs.describe(),
+    def decide() -> Optional[Path]:
+        holder = lock.acquire()
+        if holder is not None:
+            raise ConfigError(f"run.dir '{run_dir.path}' is in use by another launch ({holder}); wait for it "
+                              "to end, stop it, or choose another run.dir")
+        found = find_resume_point(cfg, run_dir)
+        if found is not None:
+            check_resume_compatible(read_meta(found), meta)
+            engine_type.check_checkpoint(found, env.world_size)
+        return found
+
+    try:
+        resume_from = rank0_decides(decide)
+        if resume_from is not None and read_meta(resume_from)["step"] >= cfg.train.max_steps:
+            raise RunComplete(read_meta(resume_from)["step"], resume_from)
+
+        # ---- engine (model, parallelism, optimizers), checkpoint parts, restore
+        loader = PackedLoader(cfg.data, docs, first=val_end,
+                              windows_per_step=cfg.train.tokens_per_step // cfg.data.seq_len,
+                              rank=env.rank, world_size=env.world_size)
+        dtype = compute_dtype(cfg.train.dtype, env.device)
+        engine = engine_type(model_cfg, cfg, env, dtype, accum_steps)
+        state = TrainState(env.rank, env.world_size)
+        checkpointer = Checkpointer(run_dir.path / "checkpoints", env, sharded=[engine],
+                                    per_rank={"loader": loader, "train_state": state}, keep=cfg.run.keep_checkpoints)
+        if resume_from is not None:
+            checkpointer.load(resume_from)
+        prepare_run_dir(cfg, run_dir, state.step)
+    except BaseException:
+        lock.release()
+        raise
+    model = engine.model
+    params = model.num_params()
+    run_dir.open(cfg, extra={"params": params, "non_embedding_params": model.num_params(non_embedding=True),
+                             "accum_steps": accum_steps, "data": docs.describe(),
                              "val_end": {"piece": val_end[0], "row": val_end[1]},
                              "val_windows": len(val), "device": str(env.device), "dtype": str(dtype),
                              "world_size": env.world_size, "tokenizer": tokenizer.describe(),
@@ -111,5 +164,7 @@ def setup_run(cfg: Config) -> Run:
              env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len,
              f"resuming at step {state.step}" if state.step else "fresh start")
     audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
-    return Run(cfg, env, tokenizer, val, loader, engine, state, checkpointer, run_dir, audit, meta, accum_steps,
-               tokens_per_step=cfg.train.tokens_per_step, start_step=state.step, resumed_from=resume_from)
+    meter = StepMeter(env, model.flops_per_token(cfg.data.seq_len), params, model.num_params(non_embedding=True))
+    return Run(cfg, env, tokenizer, val, loader, engine, state, meter, checkpointer, run_dir, lock, audit, meta,
+               accum_steps, tokens_per_step=cfg.train.tokens_per_step, start_step=state.step,
+               resumed_from=resume_from)

@@ -6,8 +6,10 @@ a table can always be traced back to a commit and a config.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import math
 import platform
 import socket
 import subprocess
@@ -18,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from launch.config import Config, dump_yaml
+from launch.config import Config, dump_yaml, to_dict as dataclasses_asdict
 
 log = logging.getLogger("orscale")
 
@@ -75,6 +77,72 @@ def setup_logging(rank: int) -> None:
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float as None, so each line is strict JSON (no bare NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The records of a metrics.jsonl and the line numbers that do not parse (a kill during a
+    write leaves a torn last line)."""
+    records, bad = [], []
+    for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            bad.append(i)
+    return records, bad
+
+
+class _Mirrors:
+    """TensorBoard and/or Weights & Biases (offline) copies of every metrics record."""
+
+    def __init__(self, cfg: Config, path: Path) -> None:
+        self.tb = self.wandb = None
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(path / "tensorboard"))
+        if cfg.train.wandb:
+            import wandb
+
+            self.wandb = wandb.init(mode="offline", dir=str(path), project="orscale-lm", name=path.name,
+                                    config=dataclasses_asdict(cfg), resume="allow", id=path.name)
+
+    def write(self, record: dict[str, Any]) -> None:
+        numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
+                   and not isinstance(v, bool)}
+        if self.tb is not None:
+            for key, value in numbers.items():
+                self.tb.add_scalar(key, value, record["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def check_mirrors_available(cfg: Config) -> None:
+    """One clear line, before anything runs, if a requested metrics mirror is not installed."""
+    from launch.config import ConfigError
+
+    for flag, module, package in (("tensorboard", "tensorboard", "tensorboard"), ("wandb", "wandb", "wandb")):
+        if getattr(cfg.train, flag) and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"train.{flag}=true needs the {package} package: pip install {package}")
+
+
 class RunDir:
     """Writes config.yaml, run.log and metrics.jsonl under `path` (rank 0 only)."""
 
@@ -83,6 +151,7 @@ class RunDir:
         self.active = active
         self.metrics_path = self.path / "metrics.jsonl"
         self._metrics = None
+        self._mirrors: Optional[_Mirrors] = None
 
     def open(self, cfg: Config, extra: Optional[dict[str, Any]] = None) -> None:
         if not self.active:
@@ -104,14 +173,21 @@ class RunDir:
             record.info("setup: %s", json.dumps(extra))
         record.info("resolved config:\n%s", dump_yaml(cfg))
         self._metrics = self.metrics_path.open("a")
+        self._mirrors = _Mirrors(cfg, self.path)
 
     def write(self, record: dict[str, Any]) -> None:
+        """One strict-JSON line (non-finite numbers as null), flushed; mirrored if configured."""
         if self._metrics is None:
             return
-        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
         self._metrics.flush()
+        if self._mirrors is not None:
+            self._mirrors.write(record)
 
     def close(self) -> None:
+        if self._mirrors is not None:
+            self._mirrors.close()
+            self._mirrors = None
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

@@ -30,7 +30,7 @@ from launch.sweep_spec import ROOT, Cell, SpecError, Sweep, load_sweep
 def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:
     """The exact command of a cell, run from the project root."""
     if nproc > 1 or cell.value("parallel.backend", "none") != "none":
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        return [python, "-m", "launch.launcher", "--standalone", f"--nproc_per_node={nproc}",
                 "train.py", "--config", cell.base, *cell.overrides]
     return [python, "train.py", "--config", cell.base, *cell.overrides]
 
@@ -48,31 +48,10 @@ def cell_state(cell: Cell) -> tuple[bool, Optional[float]]:
     return run.finished, run.final_val
 
 
-def _prepare_rerun(cell: Cell) -> list[str]:
-    """Extra overrides so that an interrupted cell can be re-run, and a repaired torn log line.
-
-    - A write cut by a kill leaves a partial last line in metrics.jsonl; it holds nothing
-      recoverable and train.py's resume rewrites the file line by line, so it is dropped first.
-    - A run killed before its first checkpoint has metrics but nothing to resume from; train.py
-      refuses that directory unless run.overwrite=true (which keeps the old metrics file aside).
-    """
-    metrics = cell.run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return []
-    data = metrics.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        metrics.write_bytes(data[:cut])
-        print(f"  {cell.id}: dropped a torn last line of metrics.jsonl before resuming")
-    pointer = cell.run_dir / "checkpoints" / "latest"  # names the newest complete checkpoint
-    if not (pointer.is_file() and (pointer.parent / pointer.read_text().strip()).is_dir()):
-        print(f"  {cell.id}: metrics but no complete checkpoint: starting over (run.overwrite=true)")
-        return ["run.overwrite=true"]
-    return []
-
-
 def run_local(cell: Cell, nproc: int) -> int:
-    extra = _prepare_rerun(cell)
+    """Run (or resume: train.py's run.resume=auto continues it, drops a torn metrics line, and starts
+    a cell killed before its first checkpoint over) one cell; its exit status."""
+    extra: list[str] = []
     argv = train_argv(cell, nproc)
     if in_process(cell, nproc):
         if str(ROOT) not in sys.path:  # train.py is a script at the root, not in a package
@@ -104,10 +83,10 @@ def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:
     args = " ".join(shlex.quote(a) for a in ["train.py", "--config", cell.base, *cell.overrides])
     if nodes > 1:
         launch = ('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-                  f"srun --kill-on-bad-exit=1 torchrun --nnodes={nodes} --nproc_per_node={nproc} "
+                  f"srun --kill-on-bad-exit=1 python -m launch.launcher --nnodes={nodes} --nproc_per_node={nproc} "
                   '--rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:29500" ' + args)
     else:
-        launch = f"torchrun --standalone --nproc_per_node={nproc} {args}"
+        launch = f"python -m launch.launcher --standalone --nproc_per_node={nproc} {args}"
     return "\n".join([*head, "set -euo pipefail", f"cd {shlex.quote(str(ROOT))}",
                       'export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}', launch, ""])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
@@ -45,20 +46,21 @@ class OptimConfig:
              f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}"),
             (self.ns_coefficients in NS_COEFFICIENT_SETS,
              f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}"),
-            (self.lr >= 0, f"optim.lr must be >= 0, got {self.lr}"),
-            (self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}"),
+            (math.isfinite(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr}"),
+            (math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+             f"optim.weight_decay must be >= 0, got {self.weight_decay}"),
             (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
              f"optim.betas must be two numbers in [0, 1), got {self.betas}"),
             (0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}"),
-            (0 < self.r_min <= self.r_max,
+            (0 < self.r_min <= self.r_max < math.inf,
              f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})"),
             (self.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {self.ns_dtype!r}"),
             (self.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {self.ns_steps}"),
-            (self.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
+            (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),
             (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
-            (self.trust_eps > 0, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
-            (self.eps > 0, f"optim.eps must be > 0, got {self.eps}"),
+            (0 < self.trust_eps < math.inf, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
+            (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
         )
         for ok, message in checks:
             if not ok:

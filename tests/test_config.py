@@ -29,7 +29,13 @@ def test_ints_become_floats_but_not_the_reverse():
     [
         ("optim.lrr=1", "unknown config key 'optim.lrr'"),
         ("trainer.max_steps=1", "unknown config key 'trainer'"),
-        ("optim.lr=-1", "optim.lr must be >= 0"),
+        ("optim.lr=-1", "optim.lr must be a finite number > 0"),
+        ("optim.lr=0", "optim.lr must be a finite number > 0"),
+        ("optim.lr=inf", "must be a finite number"),
+        ("optim.lr=.nan", "must be a finite number"),
+        ("train.tokens_per_step=0", "train.tokens_per_step must be >= 1"),
+        ("train.tokens_per_step=64", "at least one window"),
+        ("run.keep_checkpoints=-1", "run.keep_checkpoints"),
         ("optim.lr=fast", "'optim.lr' must be float"),
         ("optim.r_min=6", "optim.r_min"),
         ("optim.weight_decay=-0.1", "optim.weight_decay must be >= 0"),
@@ -57,3 +63,8 @@ def test_missing_or_malformed_file(tmp_path):
 
 def test_override_parsing_keeps_strings_and_nests():
     assert parse_overrides(["run.dir=/tmp/x", "a.b.c=true"]) == {"run": {"dir": "/tmp/x"}, "a": {"b": {"c": True}}}
+
+
+def test_one_path_where_a_list_is_expected():
+    cfg = load_config(TINY, ["data.data_files=assets/corpus/fineweb_edu_sample10BT_first150.jsonl"])
+    assert cfg.data.data_files == ["assets/corpus/fineweb_edu_sample10BT_first150.jsonl"]

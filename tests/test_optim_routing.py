@@ -95,7 +95,7 @@ def test_frozen_params_are_left_out(model: nn.Module) -> None:
     [
         ({"name": "lamb"}, r"optim\.name 'lamb'.*valid: adamw, muon, muon_moonlight"),
         ({"r_min": 2.0, "r_max": 1.0}, r"optim\.r_min \(2\.0\) must be > 0 and <= optim\.r_max"),
-        ({"lr": -1e-3}, r"optim\.lr must be >= 0"),
+        ({"lr": -1e-3}, r"optim\.lr must be a finite number > 0"),
         ({"weight_decay": -0.1}, r"optim\.weight_decay must be >= 0"),
         ({"ns_dtype": "fp16"}, r"optim\.ns_dtype"),
         ({"ns_coefficients": "newton"}, r"optim\.ns_coefficients"),

@@ -29,12 +29,33 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError("timed out waiting for the run")
 
 
+def _survivors(run_dir: Path, timeout: float = 20) -> list[int]:
+    """Processes still running with `run_dir` on their command line, after up to `timeout` s."""
+    import psutil
+
+    deadline = time.time() + timeout
+    while True:
+        alive = []
+        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if any(str(run_dir) in part for part in p.info["cmdline"] or []) and p.info["status"] != "zombie":
+                    alive.append(p.info["pid"])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
 def _kill_and_resume(run_dir: Path, overrides: list[str], nproc: int, kill_after: int) -> None:
     proc = subprocess.Popen(train_cmd([f"run.dir={run_dir}", *overrides], nproc), cwd=ROOT, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for_step(run_dir, kill_after, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: torchrun and its workers
+    # torchrun's process group: its workers live in sessions of their own, so only their
+    # parent-death signal can take them down with it.
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert _survivors(run_dir) == [], "a worker outlived its launcher"
     assert ckpt.latest_checkpoint(run_dir / "checkpoints") is not None
     run_train([f"run.dir={run_dir}", *overrides], nproc)  # run.resume=auto is the default
 
@@ -113,6 +134,33 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
     latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
     assert latest is not None and 2 <= ckpt.read_meta(latest)["step"] < 500
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("target", ["launcher", "process group"])
+def test_sigterm_under_the_launcher_checkpoints_and_exits_zero(tmp_path, target):
+    """launch/launcher.py (what launch/torchrun.sh and the Slurm script run): SIGTERM to it, or to
+    its whole process group as a terminal or a scheduler would, ends 2 ranks with a checkpoint and
+    exit status 0 (plain torchrun exits 1 and kills the workers after 30 s)."""
+    import sys
+
+    from tests.helpers import SMALL, TINY, free_port
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "launch.launcher", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(ROOT / "train.py"), "--config", TINY, *SMALL, f"run.dir={run_dir}", "parallel.backend=fsdp",
+           "optim.name=adamw", "train.max_steps=500", "train.eval_every=0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _wait_for_step(run_dir, 2, proc)
+    if target == "launcher":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=180) == 0, proc.stderr.read()[-3000:]
+    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    assert latest is not None and 2 <= ckpt.read_meta(latest)["step"] < 500
+    assert _survivors(run_dir) == []
 
 
 def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):

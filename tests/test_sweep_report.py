@@ -127,8 +127,9 @@ def test_killed_cell_is_reported_then_rerun(mini, capsys):
     capsys.readouterr()
     assert sweep.main([str(mini["spec"])]) == 0
     out = capsys.readouterr().out
-    assert "23 finished, 1 to run" in out and "run.overwrite=true" in out
+    assert "23 finished, 1 to run" in out
     assert read_lines(run)[-1]["step"] == 4
+    assert list(run.glob("metrics.*.jsonl"))  # train.py restarted the cell, keeping the old log aside
 
 
 def test_dry_run_prints_commands_and_writes_nothing(tmp_path, capsys):
@@ -142,7 +143,7 @@ def test_dry_run_prints_commands_and_writes_nothing(tmp_path, capsys):
     assert sweep.main([str(spec), "--dry-run", "--submit"]) == 0
     assert capsys.readouterr().out.count("\nsbatch ") == 24
     assert sweep.main([str(spec), "--dry-run", "--nproc", "2", "--only", "b/adamw/lr0.003-seed0"]) == 0
-    assert "-m torch.distributed.run --standalone --nproc_per_node=2 train.py" in capsys.readouterr().out
+    assert "-m launch.launcher --standalone --nproc_per_node=2 train.py" in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()
 
 
@@ -161,7 +162,7 @@ def test_submit_writes_job_scripts_and_calls_sbatch(tmp_path, monkeypatch, capsy
     assert sorted(calls) == [str(s) for s in scripts]
     text = (tmp_path / "runs/slurm/a__orscale_lm__lr0.01-seed7.sbatch").read_text()
     assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --requeue" in text and f"cd {ROOT}" in text
-    assert ("torchrun --standalone --nproc_per_node=4 train.py --config configs/tiny.yaml" in text
+    assert ("python -m launch.launcher --standalone --nproc_per_node=4 train.py --config configs/tiny.yaml" in text
             and f"optim.name=orscale_lm optim.lr=0.01 train.seed=7 run.dir={tmp_path}/runs/a/orscale_lm/lr0.01-seed7"
             in text)
     assert "Submitted batch job 4242" in capsys.readouterr().out
@@ -195,7 +196,7 @@ def test_ready_sweep_files():
     assert len(paper.cells) == 12
     cell = next(c for c in paper.cells if c.id == "399m/orscale_lm/lr0.0009503-seed42")
     assert cell.base == "configs/399m.yaml" and cell.value("train.max_steps") == 11342
-    assert sweep.train_argv(cell, 8)[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
+    assert sweep.train_argv(cell, 8)[1:6] == ["-m", "launch.launcher", "--standalone", "--nproc_per_node=8",
                                               "train.py"]
     mini = load_sweep(ROOT / "configs/sweeps/cpu_mini.yaml")
     assert len(mini.cells) == 24 and all(sweep.in_process(c, 1) for c in mini.cells)

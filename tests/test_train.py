@@ -55,7 +55,7 @@ def _error_line(capsys) -> str:
         (["data.tokenizer=/nonexistent/tok.json"], "not found"),
         (["model.preset=7b"], "unknown model.preset"),
         (["train.micro_batch_size=3"], "not a multiple"),
-        (["optim.lr=-1"], "optim.lr must be >= 0"),
+        (["optim.lr=-1"], "optim.lr must be a finite number > 0"),
     ],
 )
 def test_bad_input_is_one_error_line_and_no_run_dir(tmp_path, capsys, overrides, message):

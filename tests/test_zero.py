@@ -78,16 +78,16 @@ def test_zero_config_errors_are_one_line():
         check_zero_config(_cfg("zero1", name))
 
 
-def test_ds_config_leaves_clipping_to_us():
+def test_ds_config_leaves_clipping_to_us_and_keeps_fp32_arithmetic():
     cfg = _cfg("zero1")
     cfg.train.micro_batch_size = 4
-    c = ds_config(cfg, world_size=8, accum_steps=3, bf16=False)
+    c = ds_config(cfg, world_size=8, accum_steps=3)
     assert c["gradient_clipping"] == 0.0 and c["zero_optimization"]["stage"] == 1
     assert c["train_batch_size"] == 4 * 3 * 8 and c["gradient_accumulation_steps"] == 3
-    assert not c["bf16"]["enabled"] and "data_types" not in c
-    bf = ds_config(cfg, world_size=8, accum_steps=3, bf16=True)
-    assert bf["bf16"]["enabled"] and bf["data_types"]["grad_accum_dtype"] == "fp32"  # ZeRO-1: fp32 grads
-    assert "data_types" not in ds_config(_cfg("zero2"), 8, 3, bf16=True)
+    # fp32 params, gradients and reductions on every stage: bf16 compute comes from autocast.
+    for stage in ("zero1", "zero2"):
+        c = ds_config(_cfg(stage), 8, 3)
+        assert not c["bf16"]["enabled"] and not c["fp16"]["enabled"] and c["communication_data_type"] == "fp32"
 
 
 def test_owner_muon_family_is_built_like_build_optimizers():
@@ -189,16 +189,15 @@ def test_zero_checkpoint_round_trip_continues_identically(zero_run):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage, ds_optimizer", [(1, "BF16_Optimizer"), (2, "DeepSpeedZeroOptimizer")],
-                         ids=["zero1", "zero2"])
-def test_zero_bf16_runs_close_to_fp32(tmp_path, single, stage, ds_optimizer):
-    """What a CUDA bf16 run uses (forced here on CPU): bf16 params, our fp32 master partitions and
-    momentum. ZeRO-1 then goes through DeepSpeed's BF16 optimizer (another partition layout),
-    ZeRO-2 through the ZeRO optimizer with bf16 gradient reduction. Not an equality test."""
+@pytest.mark.parametrize("stage", [1, 2], ids=["zero1", "zero2"])
+def test_zero_bf16_runs_close_to_fp32(tmp_path, single, stage):
+    """What a CUDA bf16 run uses (here on CPU): bf16 compute through the engine's autocast over fp32
+    params, so gradients accumulate and reduce in fp32 on both stages, like FSDP2's. Not an
+    equality test (bf16 matmuls)."""
     results = _launch(tmp_path, "bf16", "--stage", str(stage), "--optims", "orscale_lm", "--bf16",
                       "--roundtrip", str(tmp_path / "ckpt"))
     got, ref = results["orscale_lm"], single["orscale_lm"]
-    assert got["ds_optimizer"] == ds_optimizer and got["exchanged"]
+    assert got["ds_optimizer"] == "DeepSpeedZeroOptimizer" and got["exchanged"]
     assert got["losses"] == pytest.approx(ref["losses"], abs=5e-3)
     assert got["calibration"].keys() == ref["calibration"].keys()
     for name, c in ref["calibration"].items():
