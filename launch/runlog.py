@@ -6,6 +6,7 @@ a table can always be traced back to a commit and a config.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -114,8 +115,9 @@ class _Mirrors:
         if cfg.train.wandb:
             import wandb
 
+            run_id = f"{path.name}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"  # one per run dir
             self.wandb = wandb.init(mode="offline", dir=str(path), project="orscale-lm", name=path.name,
-                                    config=dataclasses_asdict(cfg), resume="allow", id=path.name)
+                                    config=dataclasses_asdict(cfg), resume="allow", id=run_id)
 
     def write(self, record: dict[str, Any]) -> None:
         numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
