@@ -50,6 +50,9 @@ def check_zero_config(cfg: Config) -> None:
     backend = cfg.parallel.backend
     if backend not in ("zero1", "zero2"):
         raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
+    if cfg.model.resolve().center_mlp:
+        raise ConfigError(f"model.center_mlp is not supported with parallel.backend={backend} (the bias transport "
+                          "would have to reach DeepSpeed's fp32 partitions); use parallel.backend=fsdp or ddp")
     if cfg.train.skip_spikes:
         raise ConfigError(f"train.skip_spikes is not supported with parallel.backend={backend} (DeepSpeed owns the "
                           "step); use parallel.backend=fsdp or ddp, or leave it off")

@@ -28,10 +28,11 @@ from torch import Tensor, nn
 
 from launch.checkpoint import ModelAndOptimizers
 from launch.config import Config
-from launch.distributed import DistEnv
+from launch.distributed import DistEnv, all_reduce_sum
 from launch.parallelize import build_model, no_sync, wrap_ddp
 from launch.spikes import SpikeGuard
 from models import GPT, GPTConfig
+from models.centered_linear import update_means
 from orscale import build_optimizers, collect_diagnostics, set_lr
 
 
@@ -122,8 +123,17 @@ class TorchEngine(Engine):
             if not skip:
                 opt.step()
             opt.zero_grad(set_to_none=True)
+        if self.model.cfg.center_mlp:
+            self._update_centring()
         self._step_loss = torch.zeros_like(self._step_loss)
         return norm
+
+    def _update_centring(self) -> None:
+        """CBP's M2 after the step: every rank's input mean averaged (one all-reduce per centred
+        layer), the EMA mean moved and the bias transported on the rows this rank holds."""
+        world = self.env.world_size
+        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
+        update_means(self.model, average=average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
 
     def diagnostics(self) -> dict[str, float]:
         extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}

@@ -18,10 +18,10 @@ def build_model(model_cfg: GPTConfig, parallel: ParallelConfig, seed: int, env: 
                 dtype: torch.dtype = torch.float32) -> GPT:
     """Construct, shard (FSDP2) and initialise the GPT.
 
-    FSDP2 with `parallel.meta_init` builds on the meta device and initialises each rank's shard
-    after `fully_shard`, so a 1.1B model is never whole on one rank. Without it, every rank
-    initialises the full model from the same seed before sharding: the weights then equal a
-    single-process run's, which the equality tests need.
+    FSDP2 with `parallel.meta_init` builds on the meta device and fills each rank's shard after
+    `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank. Either way every
+    tensor's initial value depends on (seed, name) only (`GPT.init_value`), so the weights equal a
+    single-process run's at any world size and on every backend.
     """
     torch.manual_seed(seed)
     if parallel.backend == "fsdp" and parallel.meta_init:
@@ -29,12 +29,30 @@ def build_model(model_cfg: GPTConfig, parallel: ParallelConfig, seed: int, env: 
             model = GPT(model_cfg)
         _apply(model, parallel, env, dtype)
         model.to_empty(device=env.device)
-        model.init_weights()
+        init_sharded(model, seed)
         return model
     with torch.device(env.device):
-        model = GPT(model_cfg)
+        model = GPT(model_cfg, seed=seed)
     _apply(model, parallel, env, dtype)
     return model
+
+
+@torch.no_grad()
+def init_sharded(model: GPT, seed: int) -> None:
+    """`GPT.init_weights` for a model whose parameters may be DTensor shards: each rank draws one
+    whole tensor at a time (never the whole model) and keeps its own shard of it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from orscale.routing import canonical_name
+
+    for name, p in model.named_parameters():
+        value = model.init_value(canonical_name(name), seed)
+        if isinstance(p, DTensor):  # src_data_rank=None: each rank cuts its shard of its own copy
+            value = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            p.to_local().copy_(value)
+        else:
+            p.copy_(value)
+    model.init_buffers()
 
 
 def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
@@ -62,7 +80,10 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
 def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    # No buffer broadcast: buffers are equal on every rank by construction (RoPE tables, centred
+    # means averaged after each step), and a centred layer's per-rank input sum must stay per rank.
+    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+               broadcast_buffers=False)
 
 
 def no_sync(module: nn.Module, last_micro_batch: bool) -> ContextManager:

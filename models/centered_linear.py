@@ -86,15 +86,20 @@ class CenteredLinear(nn.Module):
         self._rows = 1
 
     @torch.no_grad()
-    def update_mean(self) -> None:
+    def update_mean(self, local: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """μ ← ρμ + (1−ρ)·x̄ and the bias transport b̃ ← b̃ + W(μ_new − μ_old); a no-op if no
-        training forward was recorded since the last call. Call after ``optimizer.step()``."""
+        training forward was recorded since the last call. Call after ``optimizer.step()``.
+
+        ``local`` maps a parameter to the part of it this process holds (e.g. a row shard); the
+        transport is row-wise, so a shard of W's rows updates the same rows of b̃."""
         if self._rows == 0:
             return
+        local = local or (lambda t: t)
         batch_mean = self._sum / self._rows
         new = self.mu * self.rho + batch_mean * (1.0 - self.rho)
         delta = new - self.mu
-        self.bias.add_((self.weight.float() @ delta).to(self.bias.dtype))
+        weight, bias = local(self.weight), local(self.bias)
+        bias.add_((weight.float() @ delta).to(bias.dtype))
         self.mu.copy_(new)
         self._sum.zero_()
         self._rows = 0
@@ -112,14 +117,14 @@ class CenteredLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rho={self.rho}"
 
 
-def update_means(model: nn.Module,
-                 average: Optional[Callable[[Tensor], Optional[Tensor]]] = None) -> None:
-    """Run ``update_mean`` (after ``average_mean_(average)`` if given) on every CenteredLinear."""
+def update_means(model: nn.Module, average: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
+                 local: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+    """Run ``update_mean(local)`` (after ``average_mean_(average)`` if given) on every CenteredLinear."""
     for mod in model.modules():
         if isinstance(mod, CenteredLinear):
             if average is not None:
                 mod.average_mean_(average)
-            mod.update_mean()
+            mod.update_mean(local)
 
 
 def fold_centered(model: nn.Module) -> nn.Module:

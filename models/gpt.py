@@ -2,11 +2,18 @@
 
 Pre-norm blocks, RMSNorm (eps 1e-6), RoPE (base 1e4, rotate-half convention of HF Llama-family
 models so export needs no permutation), causal multi-head attention via SDPA, non-gated ReLU² MLP
-with hidden 4d, no biases, no dropout, tied embeddings.
+with hidden 4d, no biases, no dropout, tied embeddings. Option `center_mlp`: the MLP's
+down-projection centres its (non-negative ReLU²) input, CBP's M2 (`models/centered_linear.py`).
+
+Initialisation is a function of the seed and each parameter's *name* only (`init_value`): every
+tensor draws from its own generator, seeded by hash(seed, name). So the initial weights do not
+depend on how the model is built or sharded: one process, DDP, FSDP2 on the meta device (each rank
+fills only its shard of the same tensor) and ZeRO start from the same numbers at any world size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -14,6 +21,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from models.centered_linear import CenteredLinear
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    center_mlp: bool = False  # CBP's M2 in the MLP down-projection (adds its bias and input mean)
 
     def __post_init__(self) -> None:
         for key in ("n_layer", "d_model", "n_head", "max_seq_len", "vocab_size"):
@@ -90,7 +100,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.up = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
-        self.down = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+        self.down = (CenteredLinear(4 * cfg.d_model, cfg.d_model) if cfg.center_mlp
+                     else nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.relu(self.up(x)).square())
@@ -109,8 +120,15 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def tensor_seed(seed: int, name: str) -> int:
+    """The generator seed of tensor `name` in a model initialised with `seed`."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
+
+
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, seed: Optional[int] = None) -> None:
+        """`seed`: the initialisation seed (None: drawn from torch's global generator, so
+        `torch.manual_seed` still decides it). Nothing is initialised when built on meta."""
         super().__init__()
         self.cfg = cfg
         # Build on meta, then materialise: construction consumes no RNG, so `init_weights` alone
@@ -125,29 +143,47 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", torch.empty(cfg.max_seq_len, cfg.head_dim), persistent=False)
         if target.type != "meta":
             self.to_empty(device=target)
-            self.init_weights()
+            self.init_weights(seed)
+
+    def init_value(self, name: str, seed: int) -> torch.Tensor:
+        """The initial value (fp32, CPU, whole) of parameter or buffer `name` (this model's own
+        names): N(0, 0.02); residual output projections N(0, 0.02/√(2L)); norm gains 1; biases
+        and input means 0. Drawn from a generator of its own, so it depends on (seed, name) only."""
+        tensor = dict(self.named_parameters()).get(name)
+        if tensor is None:
+            tensor = dict(self.named_buffers())[name]
+        shape = tuple(tensor.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        if name.endswith("norm.weight"):
+            return torch.ones(shape)
+        if leaf in ("bias", "mu") or name in ("rope_cos", "rope_sin"):
+            return torch.zeros(shape)
+        residual = name.endswith(("attn.out.weight", "mlp.down.weight"))
+        std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer) if residual else self.cfg.init_std
+        gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+        return torch.empty(shape).normal_(0.0, std, generator=gen)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)); norm gains 1.
+    def init_weights(self, seed: Optional[int] = None) -> None:
+        """Every parameter from `init_value`, then the derived buffers. Callable again after
+        `to_empty()`; sharded parameters are filled shard by shard from outside (launch/)."""
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        for name, p in self.named_parameters():
+            p.copy_(self.init_value(name, seed))
+        self.init_buffers()
 
-        Callable again after `to_empty()` (meta-device construction, sharded init).
-        """
-        std = self.cfg.init_std
-        resid_std = std / math.sqrt(2 * self.cfg.n_layer)
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=std)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.qkv.weight, mean=0.0, std=std)
-            nn.init.normal_(block.mlp.up.weight, mean=0.0, std=std)
-            nn.init.normal_(block.attn.out.weight, mean=0.0, std=resid_std)
-            nn.init.normal_(block.mlp.down.weight, mean=0.0, std=resid_std)
-            block.attn_norm.weight.fill_(1.0)
-            block.mlp_norm.weight.fill_(1.0)
-        self.final_norm.weight.fill_(1.0)
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """RoPE tables and the centred layers' input means (no randomness)."""
         cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_base,
                                device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+        for module in self.modules():
+            if isinstance(module, CenteredLinear):
+                module.mu.zero_()
+                module._sum.zero_()
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab]; with `targets` [B, T], the mean

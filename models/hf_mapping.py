@@ -47,7 +47,7 @@ def to_arcee_config(cfg: GPTConfig, eos_id: int, bos_id: int, dtype: torch.dtype
         rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_base)},  # 5.x home of rope_theta
         tie_word_embeddings=True,
         attention_bias=False,
-        mlp_bias=False,
+        mlp_bias=cfg.center_mlp,  # a centred down-projection exports with its mean folded into a bias
         initializer_range=cfg.init_std,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
@@ -75,6 +75,14 @@ def to_arcee_state_dict(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig,
         # qkv rows are [q; k; v], each d x d with heads contiguous: exactly q/k/v_proj's layout.
         # clone(): slices share storage, which safetensors refuses to write.
         q, k, v = (t.clone() for t in take(src + "attn.qkv.weight", (3 * d, d)).split(d))
+        if cfg.center_mlp:  # y = W(x − μ) + b = Wx + (b − Wμ); the up-projection gets a zero bias
+            take(src + "mlp.down.weight", (d, 4 * d))  # shape checks; the fold uses the raw fp values
+            sd[src + "mlp.down.weight"] = state_dict[src + "mlp.down.weight"]
+            b, mu = (take(src + f"mlp.down.{k}", shape).double() for k, shape in (("bias", (d,)), ("mu", (4 * d,))))
+            folded = state_dict[src + "mlp.down.bias"].double() - state_dict[src + "mlp.down.weight"].double() @ \
+                state_dict[src + "mlp.down.mu"].double()
+            out[dst + "mlp.down_proj.bias"] = folded.to(dtype)
+            out[dst + "mlp.up_proj.bias"] = torch.zeros(4 * d, dtype=dtype)
         out.update({
             dst + "self_attn.q_proj.weight": q,
             dst + "self_attn.k_proj.weight": k,

@@ -26,7 +26,7 @@ PRESETS: dict[str, GPTConfig] = {
 PAPER_PARAM_COUNTS = {"125m": 123.6e6, "399m": 417.0e6, "545m": 629.7e6, "1.1b": 1262.6e6}
 
 
-def get_preset(name: str, **overrides: Optional[int]) -> GPTConfig:
+def get_preset(name: str, **overrides: Optional[int | bool]) -> GPTConfig:
     """Preset by name with optional field overrides (None values are ignored)."""
     if name not in PRESETS:
         raise ModelConfigError(f"unknown model.preset '{name}' (valid: {', '.join(PRESETS)})")
@@ -49,6 +49,7 @@ class ModelConfig:
     n_head: Optional[int] = None
     max_seq_len: Optional[int] = None
     vocab_size: Optional[int] = None
+    center_mlp: Optional[bool] = None  # CBP's M2 in every MLP down-projection
 
     def __post_init__(self) -> None:
         self.resolve()
@@ -56,4 +57,4 @@ class ModelConfig:
     def resolve(self) -> GPTConfig:
         """The preset with the overrides applied."""
         return get_preset(self.preset, n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head,
-                          max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
+                          max_seq_len=self.max_seq_len, vocab_size=self.vocab_size, center_mlp=self.center_mlp)

@@ -1,7 +1,8 @@
 """The optimizers for a model under an ``OptimConfig``: the entry point of ``orscale``.
 
-``build_optimizers`` returns ``[AdamW]`` or ``[MuonFamily (or its distributed subclass), AdamW]``
-for a model whose parameters are plain tensors (one process), replicated (DDP) or FSDP2 DTensors.
+``build_optimizers`` returns ``[AdamW]``, ``[MuonFamily (or its distributed subclass), AdamW]`` or
+``[CBP | LAMB | LARS]`` for a model whose parameters are plain tensors (one process), replicated
+(DDP) or FSDP2 DTensors.
 DeepSpeed ZeRO drives its own client optimizer (``orscale.distributed.zero``), built from the
 same ``route_parameters`` and ``muon_family_kwargs``.
 """
@@ -13,12 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from orscale.cbp import CBP
 from orscale.distributed.ddp import ReplicatedMuonFamily
+from orscale.distributed.elementwise import ShardedCBP, ShardedLAMB, ShardedLARS
 from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.distributed.owners import MODES
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OptimConfig, OptimConfigError
 from orscale.routing import route_parameters
+from orscale.trust_ratio import LAMB, LARS
 
 # Where the parameters live: one process, DDP replicas, FSDP2 shards.
 PLACEMENTS: tuple[str, ...] = ("none", "ddp", "fsdp")
@@ -35,6 +39,24 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
                 nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients,
                 ns_dtype=cfg.ns_dtype, r_min=cfg.r_min, r_max=cfg.r_max, eps=cfg.trust_eps,
                 track_diagnostics=cfg.diagnostics)
+
+
+def elementwise_optimizer(groups: list[dict[str, Any]], cfg: OptimConfig, sharded: bool = False
+                          ) -> torch.optim.Optimizer:
+    """CBP, LAMB or LARS (`cfg.name`) over routed param groups; `sharded`: for FSDP2 DTensors."""
+    if cfg.name == "cbp":
+        cls = ShardedCBP if sharded else CBP
+        return cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                   decoupled_weight_decay=True, zeta=cfg.cbp_zeta, rho=cfg.cbp_rho, s_min=cfg.cbp_s_min,
+                   s_max=cfg.cbp_s_max, equalize=cfg.cbp_equalize, precondition=cfg.cbp_precondition)
+    if cfg.name == "lamb":
+        return (ShardedLAMB if sharded else LAMB)(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                                  weight_decay=cfg.weight_decay)
+    if cfg.name == "lars":
+        return (ShardedLARS if sharded else LARS)(groups, lr=cfg.lr, momentum=cfg.momentum,
+                                                  weight_decay=cfg.weight_decay,
+                                                  trust_coefficient=cfg.lars_trust_coefficient, eps=cfg.eps)
+    raise ValueError(f"{cfg.name!r} is not an elementwise optimizer")
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
@@ -54,6 +76,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
         raise OptimConfigError(f"parallel.muon_mode must be one of {', '.join(MODES)}, got {mode!r}")
     routing = route_parameters(model, cfg)
     optimizers: list[torch.optim.Optimizer] = []
+    if routing.elementwise:
+        optimizers.append(elementwise_optimizer(routing.elementwise, cfg, sharded=backend == "fsdp"))
     if routing.matrices:
         kwargs = muon_family_kwargs(cfg)
         if backend == "fsdp":

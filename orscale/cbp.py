@@ -44,15 +44,18 @@ from torch import Tensor
 ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
 
 
-def equalization_scales(q: Tensor, s_min: float, s_max: float) -> tuple[Tensor, Tensor]:
+def equalization_scales(q: Tensor, s_min: float, s_max: float,
+                        c2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """M1 scales (raw c/√q_l, clipped) for block energies ``q`` [n]; blocks with q = 0 get 1.
 
     c² is the mean of q over the blocks with q > 0 (all of them once every block has seen a
-    gradient), so this is eq. (6) of the paper; no tensor value steers Python control flow.
+    gradient), so this is eq. (6) of the paper; no tensor value steers Python control flow. ``c2``
+    given: that mean, taken over more blocks than ``q`` holds (owner-rank execution under ZeRO).
     """
     has = q > 0
-    count = has.sum().clamp_min(1)
-    c2 = torch.where(has, q, torch.zeros_like(q)).sum() / count
+    if c2 is None:
+        count = has.sum().clamp_min(1)
+        c2 = torch.where(has, q, torch.zeros_like(q)).sum() / count
     ratio = torch.where(has, c2 / torch.where(has, q, torch.ones_like(q)), torch.ones_like(q))
     raw = ratio.sqrt()
     return raw, torch.where(has, raw.clamp(s_min, s_max), torch.ones_like(q))
@@ -210,7 +213,9 @@ class CBP(torch.optim.Optimizer):
         g = w.group
         qs = [self.state[p]["q"] for p in w.params]
         q = torch.stack(qs)
-        raw, s = equalization_scales(q, g["s_min"], g["s_max"])
+        # "c2_global": the group's mean energy over every rank's blocks, set by a distributed driver
+        # that hands this optimizer only some of the group's blocks (orscale.distributed.zero).
+        raw, s = equalization_scales(q, g["s_min"], g["s_max"], g.get("c2_global"))
         torch._foreach_copy_(qs, list((q * g["rho"] + sq * (1.0 - g["rho"])).unbind(0)))
         self._last_diag.append((raw, s, sq, g["s_min"], g["s_max"]))
         return s

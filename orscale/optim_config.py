@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
 from orscale.variants import PRESETS
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
+# Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, seed 000).
+ELEMENTWISE: tuple[str, ...] = ("cbp", "lamb", "lars")
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(PRESETS) + ELEMENTWISE
 
 
 class OptimConfigError(ValueError):
@@ -35,6 +37,14 @@ class OptimConfig:
     diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
     warmup_steps: int = 1000
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak LR
+    # CBP (optim.name=cbp; seed 000 Algorithm 1). Its paper uses betas (0.9, 0.999): set optim.betas.
+    cbp_zeta: float = 1e-3  # M3 damping ζ added to √v̂
+    cbp_rho: float = 0.99  # M1 energy EMA ρ
+    cbp_s_min: float = 0.1  # M1 clip of the block scale
+    cbp_s_max: float = 4.0
+    cbp_equalize: bool = True  # M1 on/off (the paper's ablations)
+    cbp_precondition: bool = True  # M3 on/off
+    lars_trust_coefficient: float = 1e-3  # η_tr of LARS
 
     def __post_init__(self) -> None:
         self.validate()
@@ -61,6 +71,12 @@ class OptimConfig:
             (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
             (0 < self.trust_eps < math.inf, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
             (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
+            (0 < self.cbp_zeta < math.inf, f"optim.cbp_zeta must be > 0, got {self.cbp_zeta}"),
+            (0 <= self.cbp_rho < 1, f"optim.cbp_rho must be in [0, 1), got {self.cbp_rho}"),
+            (0 < self.cbp_s_min <= self.cbp_s_max < math.inf,
+             f"optim.cbp_s_min ({self.cbp_s_min}) must be > 0 and <= optim.cbp_s_max ({self.cbp_s_max})"),
+            (0 < self.lars_trust_coefficient < math.inf,
+             f"optim.lars_trust_coefficient must be > 0, got {self.lars_trust_coefficient}"),
         )
         for ok, message in checks:
             if not ok:

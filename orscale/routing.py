@@ -5,6 +5,12 @@
 * Muon family: every 2-D weight inside the transformer blocks (names ``blocks.*``) goes to the
   matrix optimizer; everything else (token embedding = tied LM head, norm gains) to AdamW with the
   same peak LR (and the same exemption rule).
+* CBP, LAMB, LARS (``optim_config.ELEMENTWISE``): every parameter, each tensor one block, in two
+  groups: tensors with ≥ 2 dims (the block matrices and the embedding) and 1-D ones (norm gains,
+  biases). CBP equalises each group among itself (c is the group's mean energy, so a norm gain is
+  not scaled against a matrix); both groups take decoupled decay (the 1-D one none with
+  ``exempt_norms_and_embeddings``, which also exempts the embedding). LAMB and LARS keep their
+  standard convention: trust ratio and decay on the ≥ 2-D group only.
 
 ``route_parameters`` is the one place this is decided; every optimizer builder (single process,
 DDP, FSDP2, DeepSpeed ZeRO) calls it. ``model.named_parameters()`` deduplicates shared tensors, so
@@ -13,6 +19,7 @@ a tied embedding/head appears once.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from orscale.optim_config import OptimConfig
+from orscale.optim_config import ELEMENTWISE, OptimConfig
 
 NamedParams = list[tuple[str, nn.Parameter]]
 
@@ -47,10 +54,30 @@ def is_matrix_param(name: str, p: torch.Tensor) -> bool:
 @dataclass
 class Routing:
     """Every trainable parameter exactly once: the matrices for the Muon family (empty for
-    ``adamw``) and AdamW's param groups (``{"params": [(name, p), ...], "weight_decay": wd}``)."""
+    ``adamw``), AdamW's param groups (``{"params": [(name, p), ...], "weight_decay": wd}``), and
+    the param groups of an elementwise optimizer (CBP, LAMB, LARS; each with a ``role``)."""
 
     matrices: NamedParams
     adamw_groups: list[dict[str, Any]]
+    elementwise: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
+    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    mats = [(n, p) for n, p in named if p.ndim >= 2]
+    vecs = [(n, p) for n, p in named if p.ndim < 2]
+    wd = cfg.weight_decay
+    if cfg.name == "cbp":
+        exempt = cfg.exempt_norms_and_embeddings
+        groups = [{"params": [(n, p) for n, p in mats if not (exempt and id(p) in emb)], "weight_decay": wd,
+                   "role": "matrices"},
+                  {"params": [(n, p) for n, p in mats if exempt and id(p) in emb], "weight_decay": 0.0,
+                   "role": "embedding"},
+                  {"params": vecs, "weight_decay": 0.0 if exempt else wd, "role": "vectors"}]
+    else:  # LAMB, LARS: trust ratio and decay on matrices, neither on 1-D tensors
+        groups = [{"params": mats, "weight_decay": wd, "trust": True, "role": "matrices"},
+                  {"params": vecs, "weight_decay": 0.0, "trust": False, "role": "vectors"}]
+    return [g for g in groups if g["params"]]
 
 
 def _adamw_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
@@ -75,6 +102,8 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
         raise ValueError("model has no trainable parameters")
     if cfg.name == "adamw":
         return Routing([], _adamw_groups(named, model, cfg))
+    if cfg.name in ELEMENTWISE:
+        return Routing([], [], _elementwise_groups(named, model, cfg))
     matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
     if not matrices:
         raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to "

@@ -54,6 +54,13 @@ def test_every_param_in_exactly_one_optimizer(model: nn.Module, name: str) -> No
         g = opts[0].param_groups[0]
         assert g["betas"] == (0.9, 0.95) and g["eps"] == 1e-8 and g["weight_decay"] == 0.1
         return
+    if name in ("cbp", "lamb", "lars"):  # one optimizer over every tensor: >= 2-D and 1-D groups
+        (opt,) = opts
+        assert [g["role"] for g in opt.param_groups] == ["matrices", "vectors"]
+        mats, vecs = opt.param_groups
+        assert all(p.ndim >= 2 for p in mats["params"]) and all(p.ndim == 1 for p in vecs["params"])
+        assert mats["weight_decay"] == 0.1 and vecs["weight_decay"] == (0.1 if name == "cbp" else 0.0)
+        return
     muon, adamw = opts
     assert isinstance(muon, MuonFamily) and isinstance(adamw, torch.optim.AdamW)
     L = model.cfg.n_layer
@@ -93,7 +100,7 @@ def test_frozen_params_are_left_out(model: nn.Module) -> None:
 @pytest.mark.parametrize(
     "change, pattern",
     [
-        ({"name": "lamb"}, r"optim\.name 'lamb'.*valid: adamw, muon, muon_moonlight"),
+        ({"name": "sgdx"}, r"optim\.name 'sgdx'.*valid: adamw, muon, muon_moonlight"),
         ({"r_min": 2.0, "r_max": 1.0}, r"optim\.r_min \(2\.0\) must be > 0 and <= optim\.r_max"),
         ({"lr": -1e-3}, r"optim\.lr must be a finite number > 0"),
         ({"weight_decay": -0.1}, r"optim\.weight_decay must be >= 0"),

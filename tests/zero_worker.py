@@ -86,7 +86,7 @@ def run_single(optim: str) -> dict:
     """The single-process reference: build_optimizers + train.py's step logic."""
     cfg = make_config(optim)
     torch.manual_seed(cfg.train.seed)
-    model = GPT(get_preset("tiny", **MODEL))
+    model = GPT(get_preset("tiny", **MODEL), seed=cfg.train.seed)  # the init every backend uses
     optimizers = build_optimizers(model, cfg.optim)
     data = batches()
     losses, norms = [], []

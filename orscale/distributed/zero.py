@@ -22,6 +22,11 @@ from ours); instead:
   formula), with ‖g‖ the global norm over every parameter that DeepSpeed has just computed on the
   raw averaged gradients (``_global_grad_norm``), so no extra collective is needed.
 
+The same owner machinery runs CBP, LAMB and LARS: their whole tensors (every parameter) go to
+owners, which run the single-process optimizer on them, so per-tensor norms need no reduction;
+CBP's equalisation target c (a mean over every block of a group) takes one all-reduce of
+(sum of energies, count) per group, done here for every rank, owner of blocks or not.
+
 Momentum and calibration constants of the matrices live in the owner's ``MuonFamily`` and travel
 through ``state_dict`` (DeepSpeed saves the client optimizer's state per rank), so a ZeRO
 checkpoint restores them exactly at the same data-parallel size (the only size it loads at).
@@ -37,16 +42,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from orscale.builder import adamw, muon_family_kwargs
+from orscale.builder import adamw, elementwise_optimizer, muon_family_kwargs
 from orscale.diagnostics import summarize
 from orscale.muon_family import MuonFamily
-from orscale.optim_config import OptimConfig
+from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
 from orscale.routing import route_parameters
 from orscale.variants import PRESETS
 
-# Optimizers this client can run under ZeRO-1/2. (CBP/LARS/LAMB would need their own port.)
-ZERO_OPTIMIZERS: tuple[str, ...] = ("adamw",) + tuple(PRESETS)
-ROLE = "orscale_role"  # param-group key: "matrix" (Muon family) or "adamw"
+# Optimizers this client can run under ZeRO-1/2: every one.
+ZERO_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_NAMES
+ROLE = "orscale_role"  # param-group key: "matrix" (whole tensors at owner ranks) or "adamw"
 
 
 @dataclass(frozen=True)
@@ -143,9 +148,11 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                              f"it runs {', '.join(ZERO_OPTIMIZERS)}")
         self.cfg = cfg
         routing = route_parameters(model, cfg)
+        self._routing = routing
         groups: list[dict[str, Any]] = []
-        if routing.matrices:
-            groups.append({"params": [p for _, p in routing.matrices], ROLE: "matrix", "lr": cfg.lr,
+        owned_params = routing.matrices or [np for g in routing.elementwise for np in g["params"]]
+        if owned_params:
+            groups.append({"params": [p for _, p in owned_params], ROLE: "matrix", "lr": cfg.lr,
                            "weight_decay": cfg.weight_decay})
         adam_groups = []
         # The same groups (decay / exemption) and hyperparameters as the single-process AdamW.
@@ -159,7 +166,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
         # the same state dict, so a checkpoint of this optimizer includes its moments.
         self._adam = torch.optim.AdamW(adam_groups) if adam_groups else None
-        self._muon: Optional[MuonFamily] = None
+        self._muon: Optional[torch.optim.Optimizer] = None  # the owner-side optimizer (any family)
         self._layout: Optional[MatrixLayout] = None
         self._staging: list[Tensor] = []  # owned matrices, whole, fp32 (the MuonFamily params)
         self._part: Optional[Tensor] = None  # the matrix group's master partition (DeepSpeed's)
@@ -207,8 +214,38 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                     self._staging.append(part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
             if self._staging:
                 owned = [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)]
-                self._muon = MuonFamily(owned, **muon_family_kwargs(self.cfg))
+                self._muon = self._owner_optimizer(owned)
         self._bound = True
+
+    def _owner_optimizer(self, owned: list[tuple[str, Tensor]]) -> torch.optim.Optimizer:
+        """The single-process optimizer over this rank's whole tensors: the Muon family, or CBP /
+        LAMB / LARS with the routed groups (decay, trust flags, role) of the tensors it owns."""
+        if not self._routing.elementwise:
+            return MuonFamily(owned, **muon_family_kwargs(self.cfg))
+        mine = dict(owned)
+        groups = []
+        for g in self._routing.elementwise:
+            params = [(n, mine[n]) for n, _ in g["params"] if n in mine]
+            if params:
+                groups.append({**g, "params": params})
+        return elementwise_optimizer(groups, self.cfg)
+
+    def _share_cbp_targets(self) -> None:
+        """CBP's c² per group (mean energy over the group's blocks with q > 0) over every rank's
+        blocks: one all_reduce of (sum, count) per role, on every rank, then set on the owner groups."""
+        roles = [g["role"] for g in self._routing.elementwise]
+        stats = torch.zeros(len(roles), 2, dtype=torch.float32, device=self._device)
+        owner = self._muon
+        if owner is not None:
+            for group in owner.param_groups:
+                q = torch.stack([owner.state[p]["q"] for p in group["params"]])
+                stats[roles.index(group["role"])] = torch.stack([torch.where(q > 0, q, 0).sum(), (q > 0).sum()])
+        if self._layout is not None and self._layout.world > 1:
+            dist.all_reduce(stats, group=self._group)
+        if owner is not None:
+            for group in owner.param_groups:
+                total, count = stats[roles.index(group["role"])].unbind(0)
+                group["c2_global"] = total / count.clamp_min(1)
 
     # ---------------------------------------------------------------- the step
     @torch.no_grad()
@@ -283,11 +320,14 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                     at += pc.n
                 at += size
 
-        # 2. the single-process MuonFamily step, unchanged, on whole fp32 matrices
+        # 2. the single-process step, unchanged, on whole fp32 tensors (CBP: with the global c²)
+        if self.cfg.name == "cbp" and self.cfg.cbp_equalize:
+            self._share_cbp_targets()
         if self._muon is not None:
             for w, g in zip(self._staging, grads):
                 w.grad = g
-            self._muon.param_groups[0]["lr"] = group["lr"]
+            for owner_group in self._muon.param_groups:
+                owner_group["lr"] = group["lr"]
             self._muon.step()
             for w in self._staging:
                 w.grad = None
@@ -341,6 +381,8 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         it on every rank at the same step (one all_gather_object, only on logging steps)."""
         if self._layout is None:
             return {}
+        if self._routing.elementwise:
+            return {}  # the Muon family's diagnostics only
         mine: tuple[list, list, list, list] = ([], [], [], [])
         if self._muon is not None:
             mine = self._muon.diagnostic_rows()

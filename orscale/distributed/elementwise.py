@@ -1,0 +1,54 @@
+"""CBP, LAMB and LARS over FSDP2 parameters (DTensors sharded on dim 0 of a 1-D mesh).
+
+These optimizers are elementwise except for per-tensor norms. So, as with the Muon family, the
+arithmetic runs on each DTensor's local shard (`_local`) and the step's one tensor of per-block
+sums of squares is summed across ranks by ONE all_reduce (`reduce_block_sums`): every rank then
+holds the same norms, scales and trust ratios as a single process. Under DDP the plain classes run
+as they are (gradients are already averaged; every rank holds whole tensors).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch.distributed as dist
+from torch import Tensor
+
+from orscale.cbp import CBP
+from orscale.trust_ratio import LAMB, LARS
+
+
+class _DTensorBlocks:
+    """Mixin: local shards for the arithmetic, one all-reduce for the per-block sums."""
+
+    _group: Optional[dist.ProcessGroup] = None
+
+    def _local(self, t: Tensor) -> Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    def reduce_block_sums(self, sums: Tensor) -> Tensor:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(self._group) > 1:
+            dist.all_reduce(sums, group=self._group)
+        return sums
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        for item in param_group["params"] if isinstance(param_group["params"], list) else []:
+            p = item[1] if isinstance(item, tuple) else item
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None:
+                if mesh.ndim != 1:
+                    raise NotImplementedError(f"{type(self).__name__} supports a 1-D device mesh")
+                self._group = mesh.get_group()
+        super().add_param_group(param_group)  # type: ignore[misc]
+
+
+class ShardedCBP(_DTensorBlocks, CBP):
+    pass
+
+
+class ShardedLAMB(_DTensorBlocks, LAMB):
+    pass
+
+
+class ShardedLARS(_DTensorBlocks, LARS):
+    pass
