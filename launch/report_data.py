@@ -29,6 +29,16 @@ _COMMIT = re.compile(r"git commit (\S+)")
 _SETUP = re.compile(r"setup: (\{.*\})\s*$", re.M)
 
 
+def dotted_get(tree: Any, dotted: str, default: Any = None) -> Any:
+    """tree["a"]["b"] for "a.b", or `default` where a level is missing."""
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def finite(x: Any) -> bool:
     """JSON null, NaN and infinities all count as non-finite."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -49,12 +59,7 @@ class Run:
     problem: Optional[str] = None  # why the run is not finished (None: finished)
 
     def cfg(self, dotted: str, default: Any = None) -> Any:
-        node: Any = self.config or {}
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return dotted_get(self.config or {}, dotted, default)
 
     @property
     def finished(self) -> bool:

@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from launch.report_data import dotted_get
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "train.seed")  # owned by the grid
@@ -59,12 +61,8 @@ class Cell:
             key, _, raw = item.partition("=")
             if key == dotted:
                 return yaml.safe_load(raw)
-        node: Any = _read_yaml(ROOT / self.base if not Path(self.base).is_absolute() else Path(self.base))
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return dotted_get(_read_yaml(ROOT / self.base if not Path(self.base).is_absolute() else Path(self.base)),
+                          dotted, default)
 
 
 @dataclass
