@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-OPT_NAMES = {"adamw": "AdamW", "muon_moonlight": "Muon+Moonlight", "orscale_lm": "OrScale-LM"}
+OPT_NAMES = {"adamw": "AdamW", "muon_moonlight": "Muon+Moonlight", "orscale_lm": "OrScale-LM", "muon": "Muon",
+             "orscale": "OrScale", "cbp": "CBP", "lamb": "LAMB", "lars": "LARS"}
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
