@@ -45,10 +45,12 @@ class CenteredLinear(nn.Module):
         self.weight = ref.weight
         self.bias = ref.bias
         self.register_buffer("mu", torch.zeros(in_features, device=device, dtype=torch.float32))
-        # The recorded input sum/rows of this step: transient, not part of the state_dict.
+        # The recorded input sum/rows of this step: transient, not part of the state_dict. Both are
+        # tensors so a compiled forward neither guards on a Python int (a recompile per
+        # micro-batch) nor syncs with the host when the step reads them.
         self.register_buffer("_sum", torch.zeros(in_features, device=device, dtype=torch.float32),
                              persistent=False)
-        self._rows = 0
+        self.register_buffer("_rows", torch.zeros((), device=device, dtype=torch.int64), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rho: float = 0.99) -> "CenteredLinear":
@@ -67,7 +69,7 @@ class CenteredLinear(nn.Module):
         if self.training and torch.is_grad_enabled():
             with torch.no_grad():  # record only; μ moves in update_mean(), after the step
                 self._sum.add_(x.detach().reshape(-1, self.in_features).sum(0, dtype=torch.float32))
-                self._rows += x.numel() // self.in_features
+                self._rows.add_(x.numel() // self.in_features)
         return y
 
     def average_mean_(self, fn: Callable[[Tensor], Optional[Tensor]]) -> None:
@@ -77,13 +79,11 @@ class CenteredLinear(nn.Module):
         (e.g. ``lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG)``) or returns the average.
         Ranks with equal row counts then hold the global mean; no distributed import here.
         """
-        if self._rows == 0:
-            return
-        mean = self._sum / self._rows
+        mean = self._sum / self._rows.clamp_min(1)
         out = fn(mean)
         mean = mean if out is None or not isinstance(out, Tensor) else out
         self._sum.copy_(mean)
-        self._rows = 1
+        self._rows.clamp_(max=1)  # the sum is now a mean; 0 rows (nothing recorded) stays 0
 
     @torch.no_grad()
     def update_mean(self, local: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -92,17 +92,16 @@ class CenteredLinear(nn.Module):
 
         ``local`` maps a parameter to the part of it this process holds (e.g. a row shard); the
         transport is row-wise, so a shard of W's rows updates the same rows of b̃."""
-        if self._rows == 0:
-            return
         local = local or (lambda t: t)
-        batch_mean = self._sum / self._rows
-        new = self.mu * self.rho + batch_mean * (1.0 - self.rho)
+        recorded = self._rows > 0  # a tensor test, not a host sync: μ stays put where nothing was seen
+        batch_mean = self._sum / self._rows.clamp_min(1)
+        new = torch.where(recorded, self.mu * self.rho + batch_mean * (1.0 - self.rho), self.mu)
         delta = new - self.mu
         weight, bias = local(self.weight), local(self.bias)
         bias.add_((weight.float() @ delta).to(bias.dtype))
         self.mu.copy_(new)
         self._sum.zero_()
-        self._rows = 0
+        self._rows.zero_()
 
     def fold(self) -> nn.Linear:
         """The equivalent plain ``nn.Linear``: weight W, bias b̃ − W·μ."""

@@ -184,6 +184,7 @@ class GPT(nn.Module):
             if isinstance(module, CenteredLinear):
                 module.mu.zero_()
                 module._sum.zero_()
+                module._rows.zero_()
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab]; with `targets` [B, T], the mean

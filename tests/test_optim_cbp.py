@@ -342,6 +342,26 @@ def test_centered_linear_mean_update_keeps_function_exact() -> None:
     assert ((folded(probe) - y1).norm() / y1.norm()).item() < 1e-6
 
 
+def test_centered_linear_compiles_once_and_idles_without_records() -> None:
+    """The row count is a tensor: a compiled forward is not recompiled per micro-batch (it was,
+    guarding on a Python int), and a step with nothing recorded leaves μ and b̃ bit-identical."""
+    import torch._dynamo
+
+    torch.manual_seed(3)
+    layer = CenteredLinear(16, 8)
+    compiled = torch.compile(layer, backend="eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            for _ in range(3):  # gradient-accumulation micro-batches
+                compiled(torch.rand(2, 5, 16)).sum().backward()
+            layer.update_mean()
+    assert layer.mu.abs().min() > 0 and int(layer._rows) == 0
+    mu, bias = layer.mu.clone(), layer.bias.detach().clone()
+    layer.average_mean_(lambda t: t)
+    layer.update_mean()  # no training forward since the last update
+    assert torch.equal(layer.mu, mu) and torch.equal(layer.bias, bias)
+
+
 def test_centered_linear_gradient_is_centered() -> None:
     """Eq. (9): ∂L/∂W = δ·(x − μ)ᵀ."""
     torch.manual_seed(1)
