@@ -9,8 +9,6 @@ it into r_max, while OrScale-LM's ratio does not move.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 
@@ -19,7 +17,7 @@ import torch
 
 from models import GPT, get_preset
 from orscale import OptimConfig, build_optimizers
-from tests.helpers import ROOT, TINY
+from tests.helpers import ROOT, TINY, env, metrics
 
 LM = ["model.n_layer=1", "model.d_model=192", "model.n_head=3", "data.seq_len=32", "model.max_seq_len=32",
       "data.val_tokens=1024", "train.tokens_per_step=256", "train.micro_batch_size=8", "train.progress=false", "data.logical_shards=8",
@@ -27,8 +25,7 @@ LM = ["model.n_layer=1", "model.d_model=192", "model.n_head=3", "data.seq_len=32
 
 
 def last_diag(run_dir) -> dict[str, float]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m for m in lines if "train_loss" in m][-1]
+    return [m for m in metrics(run_dir) if "train_loss" in m][-1]
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +33,9 @@ def runs(tmp_path_factory):
     """Four 120-step runs, two at a time as one-thread processes: both cores busy, half the wait."""
     names = ("orscale_lm", "mutrust", "muscale", "orscale_lm_decoupled")
     dirs = {name: tmp_path_factory.mktemp(name) for name in names}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     for pair in (names[:2], names[2:]):
         procs = {name: subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--config", TINY, *LM,
-                                         f"run.dir={dirs[name]}", f"optim.name={name}"], cwd=ROOT, env=env,
+                                         f"run.dir={dirs[name]}", f"optim.name={name}"], cwd=ROOT, env=env(),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for name in pair}
         for name, proc in procs.items():
