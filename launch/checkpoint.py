@@ -4,8 +4,8 @@ result atomically and finds complete checkpoints again.
 
 Two kinds of part:
   * a *sharded* part writes its own files into the step directory, collectively on every rank —
-    the engine (model + optimizers: `dcp/` through `torch.distributed.checkpoint`, or DeepSpeed's
-    `zero/` plus a `model.safetensors` copy of the weights);
+    the engine (model + optimizers: `dcp/` through `torch.distributed.checkpoint`, or, for ZeRO,
+    `zero/rank{r}.safetensors` of optimizer state by parameter name plus `model.safetensors`);
   * a *per-rank* part gives a small `state_dict()` (loader position, step and RNG); every rank's
     states go into `rank{r}.pt`, and on load the part receives the states of *every* saving rank
     (`load_rank_states`), so it can merge them when the world size changed.
@@ -16,7 +16,7 @@ commit; written last). Everything is written under
 `.tmp_step_N/` and renamed when complete, so a crash mid-save never leaves a broken checkpoint;
 `latest` names the newest complete one. Nothing read from a checkpoint can run code: per-rank files
 load with `torch.load(weights_only=True)`, DCP through `launch.dcp_safe` (an allow-listed unpickler
-for its metadata). DeepSpeed's own files are the exception (see `launch/deepspeed_engine.py`).
+for its metadata), ZeRO's state through safetensors.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -117,6 +118,9 @@ def check_loadable(path: str | Path) -> Optional[str]:
             current = path / "dcp" / ".metadata"
             with open(current, "rb") as fh:
                 load_metadata(fh)
+        for current in sorted(path.rglob("*.safetensors")):  # headers: a truncated file fails here
+            with safe_open(str(current), framework="pt") as fh:
+                fh.keys()
     except Exception as err:  # any failure to read is the same answer: do not resume from it
         return f"{current} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return None

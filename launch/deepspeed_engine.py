@@ -12,9 +12,10 @@ FSDP2 reduces in fp32 and SPEC §1 takes G in fp32); a bf16 run computes in bf16
 `torch.autocast` as the other engines. The cost is fp32 weights on every rank (ZeRO-1/2 do not
 shard parameters): 4 bytes per parameter instead of 2.
 
-Checkpoints are DeepSpeed's own (per-rank optimizer files): they load only at the data-parallel
-size, stage and optimizer they were saved with (checked first, from zero_meta.json), and DeepSpeed
-reads them with ``torch.load(weights_only=False)``: load only checkpoints you wrote.
+Checkpoints are not DeepSpeed's own (pickled per-rank partitions that load only at the size that
+wrote them): ``zero/`` holds each rank's optimizer state by parameter name in safetensors
+(``orscale.distributed.zero_checkpoint``) and ``model.safetensors`` the weights, so a ZeRO checkpoint
+resumes at any data-parallel size and either stage, and loading one unpickles nothing.
 """
 
 from __future__ import annotations
@@ -22,23 +23,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from launch.config import Config, ConfigError, UserError
+from launch.config import Config, ConfigError
 from launch.distributed import DistEnv
 from launch.engine import Engine
 from launch.parallelize import build_model
 from models import GPTConfig
-from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
+from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer, zero_group_layout
+from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
 
-TAG = "zero"  # DeepSpeed's checkpoint tag: files go to <ckpt_dir>/zero/
-META = "zero_meta.json"  # world size, stage, optimizer: checked before DeepSpeed reads anything
+TAG = "zero"  # the optimizer state goes to <checkpoint>/zero/rank<r>.safetensors
+META = "meta.json"  # <checkpoint>/zero/meta.json: format, and what wrote it
+FORMAT = "orscale-zero-2"  # 1: DeepSpeed's own files (zero_meta.json), same world size only
 
 
 def zero_stage(cfg: Config) -> int:
@@ -94,16 +96,19 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_checkpoint_world_size(ckpt_dir: str | Path, world_size: int) -> dict[str, Any]:
-    """The checkpoint's meta; ConfigError unless it was saved at `world_size` ranks."""
-    path = Path(ckpt_dir) / META
-    if not path.is_file():
-        raise UserError(f"{ckpt_dir} is not a DeepSpeed ZeRO checkpoint of this trainer (no {META})")
-    meta = json.loads(path.read_text())
-    if meta["world_size"] != world_size:
-        raise ConfigError(f"DeepSpeed ZeRO checkpoints only load at the data-parallel size they were saved with: "
-                          f"{ckpt_dir} was saved by {meta['world_size']} ranks, this run has {world_size}; "
-                          f"resume with {meta['world_size']} processes (FSDP/DDP checkpoints reshard, ZeRO's do not)")
+def check_zero_checkpoint(path: Path) -> dict[str, Any]:
+    """The ZeRO meta of the checkpoint at `path`; one-line ConfigError when this engine cannot load it."""
+    meta_path = path / TAG / META
+    if (path / TAG / "zero_meta.json").is_file():
+        raise ConfigError(f"{path} holds DeepSpeed's own ZeRO files, written by an earlier version of this trainer "
+                          "(they load only at their world size, through pickle); resume it with that version, "
+                          "or start a new run.dir (its model.safetensors still exports: python -m launch.export)")
+    if not meta_path.is_file():
+        raise ConfigError(f"{path} was not saved by parallel.backend zero1/zero2 (no {TAG}/{META}); resume it with "
+                          "the backend that wrote it (none, ddp or fsdp)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"{meta_path} is in format {meta.get('format')!r}; this trainer reads {FORMAT}")
     return meta
 
 
@@ -114,7 +119,7 @@ class DeepSpeedEngine(Engine):
 
     @staticmethod
     def check_checkpoint(path: Path, world_size: int) -> None:
-        check_checkpoint_world_size(path / TAG, world_size)
+        check_zero_checkpoint(path)  # any world size and stage: the state is stored by parameter name
 
     def __init__(self, model_cfg: GPTConfig, cfg: Config, env: DistEnv, dtype: torch.dtype, accum_steps: int,
                  ds_overrides: Optional[dict[str, Any]] = None) -> None:
@@ -182,41 +187,32 @@ class DeepSpeedEngine(Engine):
         return self.optimizer.calibration_constants()
 
     def save(self, directory: Path) -> None:
-        """Collective. DeepSpeed's files under zero/, and (rank 0) model.safetensors: ZeRO-1/2 keep
-        whole weights on every rank, so a safe, world-size-free copy serves export and evaluation."""
-        self.save_native(str(directory / TAG), {})
+        """Collective. Each rank's optimizer state under zero/ (by parameter name), and (rank 0) the
+        weights in model.safetensors: ZeRO-1/2 keep whole fp32 weights on every rank, equal to the
+        master partitions, so they serve resume, export and evaluation alike."""
+        (directory / TAG).mkdir(exist_ok=True)
+        save_zero_state(self.optimizer, directory / TAG / f"rank{self.env.rank}.safetensors")
         if self.env.is_main:
             # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
             weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
             save_file(weights, str(directory / "model.safetensors"))
-
-    def load(self, directory: Path) -> None:
-        self.load_native(str(directory / TAG))
-
-    def save_native(self, ckpt_dir: str, client_state: dict) -> None:
-        """Collective. DeepSpeed's files under <ckpt_dir>/zero/, plus zero_meta.json. The calibration
-        constants travel in the client state (and in the optimizer state of their owner rank)."""
-        calibration = self.optimizer.calibration_constants()
-        meta = {"world_size": self.world_size, "stage": zero_stage(self.cfg), "optim": self.cfg.optim.name}
-        state = {"orscale_client": client_state, "orscale_zero": {**meta, "calibration": calibration}}
-        self.module.save_checkpoint(ckpt_dir, tag=TAG, client_state=state, save_latest=False)
-        if self.env.is_main:
-            tmp = Path(ckpt_dir) / (META + ".tmp")
-            tmp.write_text(json.dumps(meta, indent=1))
-            os.replace(tmp, Path(ckpt_dir) / META)
+            meta = {"format": FORMAT, "world_size": self.world_size, "stage": zero_stage(self.cfg),
+                    "optim": self.cfg.optim.name}
+            (directory / TAG / META).write_text(json.dumps(meta, indent=1))
         dist.barrier()
 
-    def load_native(self, ckpt_dir: str) -> dict:
-        """Collective. Restores model, fp32 master weights and optimizer state (momentum, moments,
-        calibration constants); returns the client state given to `save`."""
-        meta = check_checkpoint_world_size(ckpt_dir, self.world_size)
-        if meta["optim"] != self.cfg.optim.name or meta["stage"] != zero_stage(self.cfg):
-            raise ConfigError(f"{ckpt_dir} was saved with parallel.backend=zero{meta['stage']} and optim.name="
-                              f"{meta['optim']}; this run has {self.cfg.parallel.backend} and {self.cfg.optim.name}")
-        path, client_state = self.module.load_checkpoint(ckpt_dir, tag=TAG, load_optimizer_states=True,
-                                                         load_lr_scheduler_states=False)
-        if path is None:
-            raise UserError(f"DeepSpeed found no checkpoint under {ckpt_dir}/{TAG}")
-        self.optimizer.set_calibration_constants(client_state["orscale_zero"]["calibration"])
+    def load(self, directory: Path) -> None:
+        """Collective. Weights into the model and this rank's fp32 master partitions, then the
+        optimizer state (moments, momentum, calibration constants) rebuilt for this world size."""
+        meta = check_zero_checkpoint(directory)
+        if meta["optim"] != self.cfg.optim.name:
+            raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; this run has {self.cfg.optim.name}")
+        self.model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(self.env.device)))
+        zero_opt = self.module.optimizer
+        for gi, group in enumerate(self.optimizer.param_groups):
+            # The master partition is DeepSpeed's fp32 copy of this rank's slice of the flat buffer.
+            pg = zero_opt.real_dp_process_group[gi]
+            flat, _, _, P = zero_group_layout(zero_opt, gi, dist.get_world_size(pg))
+            group["params"][0].data.copy_(flat.narrow(0, dist.get_rank(pg) * P, P))
+        load_zero_state(self.optimizer, directory / TAG)
         self._micro = 0
-        return client_state["orscale_client"]

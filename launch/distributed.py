@@ -85,6 +85,7 @@ def init_distributed(cfg: Config) -> DistEnv:
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
+            os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts it is set
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
                                 device_id=device if use_cuda else None)
     return DistEnv(rank, world_size, local_rank, device, cfg.parallel.backend)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from launch.checkpoint import ModelAndOptimizers
-from launch.config import Config
+from launch.config import Config, ConfigError
 from launch.distributed import DistEnv, all_reduce_sum
 from launch.parallelize import build_model, no_sync, wrap_ddp
 from launch.spikes import SpikeGuard
@@ -107,6 +107,12 @@ class TorchEngine(Engine):
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
         t = cfg.train
         self.spikes = SpikeGuard(t.spike_window, t.spike_sigma, env.world_size) if t.skip_spikes else None
+
+    @staticmethod
+    def check_checkpoint(path: Path, world_size: int) -> None:
+        if not (path / "dcp").is_dir():
+            raise ConfigError(f"{path} was saved by parallel.backend zero1/zero2 (no dcp/ inside); resume it with "
+                              "zero1 or zero2 (at any world size)")
 
     def _accumulating(self, last_micro_batch: bool) -> ContextManager:
         return no_sync(self.module, last_micro_batch)

@@ -270,25 +270,41 @@ class CBP(torch.optim.Optimizer):
         ``s_spread`` (max s / min s), ``grad_disparity`` (max/min block ‖g‖ this step) and
         ``eq_disparity`` (the same for s·‖g‖). Blocks without statistics yet count as unclipped.
         """
+        stats = self.diagnostic_stats()
+        return summarize_cbp([stats]) if stats else {}
+
+    def diagnostic_stats(self) -> list[float]:
+        """[blocks, Σs, #clipped low, #clipped high, max s, min s, max ‖g‖, min ‖g‖>0, max s‖g‖,
+        min s‖g‖>0] of the latest step ([] if nothing was equalised): what `summarize_cbp` merges
+        across ranks that each hold some blocks (ZeRO owners)."""
         if not self._last_diag:
-            return {}
+            return []
         rows = []
         for raw, s, sq, lo, hi in self._last_diag:
             g = sq.clamp_min(0).sqrt()
             e = s * g
             rows.append(torch.stack([
-                s.sum(), (raw <= lo).float().sum(), (raw >= hi).float().sum(),
+                s.new_tensor(float(s.numel())), s.sum(), (raw <= lo).float().sum(), (raw >= hi).float().sum(),
                 s.max(), s.min(), g.max(), torch.where(g > 0, g, torch.full_like(g, math.inf)).min(),
                 e.max(), torch.where(e > 0, e, torch.full_like(e, math.inf)).min()]))
         vals = torch.stack(rows).tolist()  # the one transfer
-        n = sum(s.numel() for _, s, _, _, _ in self._last_diag)
-        g_max, g_min = max(r[5] for r in vals), min(r[6] for r in vals)
-        e_max, e_min = max(r[7] for r in vals), min(r[8] for r in vals)
-        return {
-            "diag/cbp/s_mean": sum(r[0] for r in vals) / n,
-            "diag/cbp/s_min_frac": sum(r[1] for r in vals) / n,
-            "diag/cbp/s_max_frac": sum(r[2] for r in vals) / n,
-            "diag/cbp/s_spread": max(r[3] for r in vals) / min(r[4] for r in vals),
-            "diag/cbp/grad_disparity": g_max / g_min if math.isfinite(g_min) else math.nan,
-            "diag/cbp/eq_disparity": e_max / e_min if math.isfinite(e_min) else math.nan,
-        }
+        return [sum(r[0] for r in vals), sum(r[1] for r in vals), sum(r[2] for r in vals), sum(r[3] for r in vals),
+                max(r[4] for r in vals), min(r[5] for r in vals), max(r[6] for r in vals), min(r[7] for r in vals),
+                max(r[8] for r in vals), min(r[9] for r in vals)]
+
+
+def summarize_cbp(parts: list[list[float]]) -> dict[str, float]:
+    """`diag/cbp/...` from one or more `CBP.diagnostic_stats()` lists (empty ones ignored)."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    n = sum(p[0] for p in parts)
+    g_min, e_min = min(p[7] for p in parts), min(p[9] for p in parts)
+    return {
+        "diag/cbp/s_mean": sum(p[1] for p in parts) / n,
+        "diag/cbp/s_min_frac": sum(p[2] for p in parts) / n,
+        "diag/cbp/s_max_frac": sum(p[3] for p in parts) / n,
+        "diag/cbp/s_spread": max(p[4] for p in parts) / min(p[5] for p in parts),
+        "diag/cbp/grad_disparity": max(p[6] for p in parts) / g_min if math.isfinite(g_min) else math.nan,
+        "diag/cbp/eq_disparity": max(p[8] for p in parts) / e_min if math.isfinite(e_min) else math.nan,
+    }

@@ -13,7 +13,7 @@ import torch
 
 from launch.checkpoint import latest_checkpoint, load_model_weights
 from models import GPT, get_preset
-from tests.helpers import ROOT, TINY, SMALL, env, free_port, run_train, train_cmd, train_losses
+from tests.helpers import ROOT, TINY, SMALL, env, free_port, metrics, run_train, train_cmd, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -36,6 +36,12 @@ def assert_close_runs(a, b, rtol=1e-5) -> None:
     assert la.keys() == lb.keys()
     for step in la:
         assert abs(la[step] - lb[step]) <= rtol * abs(la[step]), (step, la[step], lb[step])
+    # The optimizer diagnostics of the last logged step, merged across ranks (ZeRO: across owners).
+    da, db = ({k: v for k, v in [m for m in metrics(d) if "train_loss" in m][-1].items() if k.startswith("diag/")}
+              for d in (a, b))
+    assert da.keys() == db.keys()
+    for key, value in da.items():
+        assert db[key] == pytest.approx(value, rel=1e-3, abs=1e-6, nan_ok=True), key
     wa, wb = final_weights(a), final_weights(b)
     for name in wa:
         rel = (wa[name] - wb[name]).norm() / wa[name].norm()

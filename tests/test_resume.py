@@ -83,13 +83,37 @@ def test_sigkill_then_auto_resume_is_bit_exact_fsdp_two_ranks(tmp_path, optim):
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
 
 
+ZERO_RUN = ["optim.name=orscale_lm", "parallel.backend=zero2", "train.max_steps=6", "train.ckpt_every=3",
+            "train.eval_every=0"]
+
+
+@pytest.fixture(scope="module")
+def zero2_straight(tmp_path_factory) -> Path:
+    """An uninterrupted 2-rank ZeRO-2 run of 6 steps, checkpoints at steps 3 and 6."""
+    run_dir = tmp_path_factory.mktemp("zero2") / "straight"
+    run_train([f"run.dir={run_dir}", *ZERO_RUN], nproc=2)
+    return run_dir
+
+
 @pytest.mark.distributed
-def test_sigkill_then_auto_resume_is_bit_exact_zero2_two_ranks(tmp_path):
-    common = ["optim.name=orscale_lm", "parallel.backend=zero2", "train.max_steps=6", "train.ckpt_every=3",
-              "train.eval_every=0"]
-    run_train([f"run.dir={tmp_path / 'straight'}", *common], nproc=2)
-    _kill_and_resume(tmp_path / "killed", common, nproc=2, kill_after=4)
-    assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
+def test_sigkill_then_auto_resume_is_bit_exact_zero2_two_ranks(tmp_path, zero2_straight):
+    _kill_and_resume(tmp_path / "killed", ZERO_RUN, nproc=2, kill_after=4)
+    assert train_losses(tmp_path / "killed") == train_losses(zero2_straight)
+
+
+@pytest.mark.distributed
+def test_zero2_checkpoint_of_two_ranks_resumes_on_one_with_zero1(tmp_path, zero2_straight):
+    """ZeRO state is saved by parameter name: a 2-rank ZeRO-2 checkpoint continues on 1 rank under
+    ZeRO-1 (other partitions, other owners) with the same losses and calibration constants."""
+    run_dir = tmp_path / "one"
+    run_train([f"run.dir={run_dir}", f"run.resume={ckpt.step_dir(zero2_straight / 'checkpoints', 3)}",
+               *ZERO_RUN[:1], "parallel.backend=zero1", *ZERO_RUN[2:]], nproc=1)
+    straight, resumed = train_losses(zero2_straight), train_losses(run_dir)
+    assert sorted(resumed) == [4, 5, 6]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(straight[step], rel=1e-5), step
+    c_straight, c_resumed = _calibration(zero2_straight), _calibration(run_dir)
+    assert c_straight and c_resumed == pytest.approx(c_straight, rel=1e-6)
 
 
 def _calibration(run_dir: Path) -> dict[str, float]:

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from launch.config import Config, ConfigError
-from launch.deepspeed_engine import check_checkpoint_world_size, check_zero_config, ds_config
+from launch.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_checkpoint, check_zero_config, ds_config
+from launch.engine import TorchEngine
 from orscale.distributed.zero import build_layout
 from tests import zero_worker as zw
 from tests.helpers import ROOT, env, free_port
@@ -113,13 +114,24 @@ def test_owner_muon_family_is_built_like_build_optimizers():
     assert mine.track_diagnostics == ref.track_diagnostics
 
 
-def test_resume_at_another_world_size_is_refused(tmp_path):
-    (tmp_path / "zero_meta.json").write_text(json.dumps({"world_size": 2, "stage": 2, "optim": "orscale_lm"}))
-    assert check_checkpoint_world_size(tmp_path, 2)["stage"] == 2
-    with pytest.raises(ConfigError) as err:
-        check_checkpoint_world_size(tmp_path, 4)
-    msg = str(err.value)
-    assert "\n" not in msg and "only load at the data-parallel size" in msg and "saved by 2 ranks" in msg
+def test_checkpoint_of_another_backend_or_format_is_one_line(tmp_path):
+    """ZeRO checkpoints load at any world size and stage, but not under a torch backend (and DCP
+    ones not under ZeRO); DeepSpeed's own files of an earlier version are named as such."""
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "meta.json").write_text(json.dumps({"format": FORMAT, "world_size": 2, "stage": 2,
+                                                             "optim": "orscale_lm"}))
+    assert check_zero_checkpoint(tmp_path)["world_size"] == 2
+    DeepSpeedEngine.check_checkpoint(tmp_path, 3)  # another world size is fine
+    with pytest.raises(ConfigError, match="resume it with zero1 or zero2") as err:
+        TorchEngine.check_checkpoint(tmp_path, 2)
+    (tmp_path / "zero" / "zero_meta.json").write_text("{}")
+    with pytest.raises(ConfigError, match="DeepSpeed's own ZeRO files") as legacy:
+        DeepSpeedEngine.check_checkpoint(tmp_path, 2)
+    (tmp_path / "dcp_run" / "dcp").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="the backend that wrote it") as dcp:
+        DeepSpeedEngine.check_checkpoint(tmp_path / "dcp_run", 2)
+    TorchEngine.check_checkpoint(tmp_path / "dcp_run", 2)
+    assert all("\n" not in str(e.value) for e in (err, legacy, dcp))
 
 
 # ------------------------------------------------------------------------------- distributed runs
@@ -182,7 +194,8 @@ def test_zero_checkpoint_round_trip_continues_identically(zero_run):
     losses and weights, bit for bit, as the uninterrupted run; calibration constants restored."""
     _, results = zero_run
     rt, full = results["roundtrip"], results["orscale_lm"]
-    assert rt["client_state"] == {"step": 3, "note": "client"}
+    # safetensors and JSON only: nothing in a ZeRO checkpoint is unpickled
+    assert rt["files"] == ["model.safetensors", "zero/meta.json", "zero/rank0.safetensors", "zero/rank1.safetensors"]
     assert rt["saved_calibration"] and rt["loaded_calibration"] == rt["saved_calibration"]
     assert all(c > 0 for c in rt["saved_calibration"].values())
     assert rt["losses"] == full["losses"]

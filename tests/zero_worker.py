@@ -157,15 +157,20 @@ def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3) -> dict
     """`split` steps, save, a fresh engine (other init seed) loads, then the remaining steps."""
     cfg, env, zero = _zero_engine(optim, stage)
     first, _ = _train(cfg, env, zero, range(split))
+    import torch.distributed as dist
+
     saved_calibration = zero.calibration_constants()
-    zero.save_native(ckpt_dir, {"step": split, "note": "client"})
+    Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    zero.save(Path(ckpt_dir))
     del zero
     cfg, env, fresh = _zero_engine(optim, stage, seed=7)
-    client = fresh.load_native(ckpt_dir)
+    fresh.load(Path(ckpt_dir))
     loaded_calibration = fresh.calibration_constants()
     rest, _ = _train(cfg, env, fresh, range(split, STEPS))
-    return {"losses": first + rest, "weights": _weights(fresh), "client_state": client,
-            "saved_calibration": saved_calibration, "loaded_calibration": loaded_calibration}
+    return {"losses": first + rest, "weights": _weights(fresh), "saved_calibration": saved_calibration,
+            "loaded_calibration": loaded_calibration,
+            "files": sorted(str(p.relative_to(ckpt_dir)) for p in Path(ckpt_dir).rglob("*") if p.is_file())}
 
 
 def main() -> None:

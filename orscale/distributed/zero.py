@@ -27,9 +27,9 @@ owners, which run the single-process optimizer on them, so per-tensor norms need
 CBP's equalisation target c (a mean over every block of a group) takes one all-reduce of
 (sum of energies, count) per group, done here for every rank, owner of blocks or not.
 
-Momentum and calibration constants of the matrices live in the owner's ``MuonFamily`` and travel
-through ``state_dict`` (DeepSpeed saves the client optimizer's state per rank), so a ZeRO
-checkpoint restores them exactly at the same data-parallel size (the only size it loads at).
+Momentum and calibration constants of the matrices live in the owner's ``MuonFamily``;
+``orscale.distributed.zero_checkpoint`` saves them, and the AdamW moments of the flat partitions,
+by parameter name, so a ZeRO checkpoint loads at any data-parallel size.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from orscale.builder import adamw, elementwise_optimizer, muon_family_kwargs
+from orscale.cbp import summarize_cbp
 from orscale.diagnostics import summarize
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
@@ -113,7 +114,7 @@ def build_layout(names: list[str], shapes: list[torch.Size], offsets: list[int],
     return MatrixLayout(list(names), list(shapes), owner, pieces, rank, world)
 
 
-def _zero_group_layout(zero_opt: Any, gi: int, world: int) -> tuple[Tensor, list[Tensor], list[int], int]:
+def zero_group_layout(zero_opt: Any, gi: int, world: int) -> tuple[Tensor, list[Tensor], list[int], int]:
     """(flat group buffer, params in flat order, their element offsets in it, partition size)."""
     if hasattr(zero_opt, "bit16_groups_flat"):  # DeepSpeedZeroOptimizer (ZeRO-1/2)
         flat, params = zero_opt.bit16_groups_flat[gi], list(zero_opt.bit16_groups[gi])
@@ -162,7 +163,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             adam_groups.append(g)
         groups.extend(adam_groups)
         super().__init__(groups, dict(lr=cfg.lr))
-        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self.param_names = {id(p): n for n, p in model.named_parameters()}
         # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
         # the same state dict, so a checkpoint of this optimizer includes its moments.
         self._adam = torch.optim.AdamW(adam_groups) if adam_groups else None
@@ -176,6 +177,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         self._max_norm = 0.0
         self._group: Any = None  # DeepSpeed's data-parallel process group of the matrix group
         self._device = torch.device("cpu")
+        self.zero_opt: Any = None  # DeepSpeed's ZeRO optimizer (its flat buffers), set by bind()
         self._bound = False
 
     # ---------------------------------------------------------------- after deepspeed.initialize
@@ -183,14 +185,15 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         """Learn the partition layout from DeepSpeed's ZeRO optimizer and build the owner-side
         MuonFamily over this rank's whole matrices. Collective-free; call once on every rank."""
         self._max_norm = float(max_norm)
+        self.zero_opt = zero_opt
         self._grad_norm = lambda: getattr(zero_opt, "_global_grad_norm", None)
         gi = next((i for i, g in enumerate(self.param_groups) if g[ROLE] == "matrix"), None)
         if gi is not None:
             group_pg = zero_opt.real_dp_process_group[gi]
             self._group = group_pg
             world, rank = dist.get_world_size(group_pg), dist.get_rank(group_pg)
-            flat, params, offsets, P = _zero_group_layout(zero_opt, gi, world)
-            names = [self._param_names[id(p)] for p in params]
+            flat, params, offsets, P = zero_group_layout(zero_opt, gi, world)
+            names = [self.param_names[id(p)] for p in params]
             layout = build_layout(names, [p.shape for p in params], offsets, P, rank, world)
             part = self.param_groups[gi]["params"][0]
             # Our reading of the layout must agree with DeepSpeed's: the master partition is a copy
@@ -361,59 +364,46 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             dist.all_reduce(values, group=self._group)  # each entry is non-zero on its owner only
         return dict(zip(layout.names, values.tolist()))
 
-    def set_calibration_constants(self, constants: dict[str, float]) -> None:
-        """Restore c on the owners from `calibration_constants()` output (e.g. a checkpoint's)."""
-        layout = self._layout
-        if layout is None or not self._lazily_calibrated():
-            return
-        missing = sorted(set(layout.names) - set(constants))
-        if missing:
-            raise ValueError(f"calibration constants missing for {missing[:3]} (of {len(missing)})")
-        for k, w in zip(layout.owned, self._staging):
-            self._muon.state[w]["c"] = torch.tensor(constants[layout.names[k]], dtype=torch.float32,
-                                                    device=w.device)
-
     def _lazily_calibrated(self) -> bool:  # known on every rank, owner of matrices or not
         return self.cfg.name in PRESETS and PRESETS[self.cfg.name].calibration == "lazy"
 
     def diagnostics(self) -> dict[str, float]:
-        """The ``diag/...`` keys of ``orscale.collect_diagnostics`` for all matrices. Collective: call
+        """The ``diag/...`` keys of ``orscale.collect_diagnostics`` over every rank's tensors (Muon
+        family per matrix class; CBP's M1 summary). Collective: call
         it on every rank at the same step (one all_gather_object, only on logging steps)."""
         if self._layout is None:
             return {}
-        if self._routing.elementwise:
-            return {}  # the Muon family's diagnostics only
-        mine: tuple[list, list, list, list] = ([], [], [], [])
-        if self._muon is not None:
-            mine = self._muon.diagnostic_rows()
+        cbp = self.cfg.name == "cbp"
+        if self._routing.elementwise and not cbp:
+            return {}  # LAMB and LARS log none
+        if self._muon is None:
+            mine: Any = [] if cbp else ([], [], [], [])
+        else:
+            mine = self._muon.diagnostic_stats() if cbp else self._muon.diagnostic_rows()
         parts = [mine]
         if self._layout.world > 1:
             parts = [None] * self._layout.world
             dist.all_gather_object(parts, mine, group=self._group)
+        if cbp:  # each owner's blocks' M1 statistics, merged
+            return summarize_cbp(parts)
         merged = [sum((list(p[i]) for p in parts), []) for i in range(4)]
         if not merged[0]:
             return {}
         return summarize(*merged)
 
     # ---------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["orscale_matrix"] = {
-            "owned": [self._layout.names[k] for k in self._layout.owned] if self._layout else [],
-            "state": self._muon.state_dict() if self._muon is not None else None,
-        }
-        return sd
+    def owned_tensors(self) -> list[tuple[str, Tensor]]:
+        """(name, whole fp32 tensor) of the matrices this rank owns (orscale.distributed.zero_checkpoint)."""
+        layout = self._layout
+        return [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)] if layout else []
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        extra = state_dict.pop("orscale_matrix", None)
-        super().load_state_dict(state_dict)
-        owned = [self._layout.names[k] for k in self._layout.owned] if self._layout else []
-        if extra is None or extra["owned"] != owned:
-            raise ValueError("this ZeRO optimizer state was saved with a different matrix layout "
-                             "(data-parallel size, model or optimizer changed)")
-        if self._muon is not None:
-            self._muon.load_state_dict(extra["state"])
+    def owner_state(self, tensor: Tensor) -> dict[str, Any]:
+        """The owner-side optimizer's state of one of `owned_tensors()` (mutable)."""
+        return self._muon.state[tensor]
+
+    def state_dict(self) -> dict[str, Any]:
+        raise RuntimeError("ZeroShardedOptimizer state is saved by orscale.distributed.zero_checkpoint "
+                           "(by parameter name, at any world size), not through state_dict()")
 
 
 def _numel(pieces: list[Piece]) -> int:

@@ -1,0 +1,154 @@
+"""World-size-free checkpoints of ``ZeroShardedOptimizer`` (DeepSpeed ZeRO-1/2).
+
+DeepSpeed's own checkpoint pickles each rank's flat partition, so it only loads at the size that
+wrote it (and unpickles arbitrary objects on the way). Here the state is addressed by parameter
+name instead, in safetensors files (no pickle anywhere):
+
+* **Flat (AdamW) state** lives on the ZeRO partitions: every rank writes the pieces of each
+  parameter that its partition holds, as ``flat/<param>/<key>@<offset>`` (1-D, offset into the
+  flattened parameter), and 0-d state (AdamW's step) as ``flat/<param>/<key>``.
+* **Owner state** (Muon momentum and calibration constant, CBP / LAMB / LARS moments) lives with
+  whole tensors on their owner rank: ``owner/<param>/<key>``. Python numbers (CBP's step count)
+  go to the file's JSON metadata.
+
+A load at any data-parallel size (and either stage: the state is the same) rebuilds this rank's
+partition state from the pieces that overlap it, and each owner reads whole tensors of the
+matrices it owns now. Weights are not here: the engine restores them from ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from orscale.distributed.zero import ROLE, MatrixLayout, ZeroShardedOptimizer, build_layout, zero_group_layout
+
+NUMBERS = "orscale_numbers"  # safetensors metadata key: JSON of the non-tensor state values
+
+
+def _flat_layouts(opt: ZeroShardedOptimizer) -> list[tuple[dict[str, Any], MatrixLayout]]:
+    """(param group, its layout over the ZeRO partitions) for every flat (AdamW) group."""
+    out = []
+    for gi, group in enumerate(opt.param_groups):
+        if group[ROLE] == "matrix":
+            continue
+        world, rank = dist.get_world_size(opt.zero_opt.real_dp_process_group[gi]), \
+            dist.get_rank(opt.zero_opt.real_dp_process_group[gi])
+        _, params, offsets, P = zero_group_layout(opt.zero_opt, gi, world)
+        names = [opt.param_names[id(p)] for p in params]
+        out.append((group, build_layout(names, [p.shape for p in params], offsets, P, rank, world)))
+    return out
+
+
+def _cpu(t: Tensor) -> Tensor:
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+def save_zero_state(opt: ZeroShardedOptimizer, path: Path) -> None:
+    """Write this rank's share of the optimizer state to `path` (one safetensors file per rank)."""
+    tensors: dict[str, Tensor] = {}
+    numbers: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        if isinstance(value, Tensor):
+            tensors[key] = _cpu(value)
+        else:
+            numbers[key] = value
+
+    for group, layout in _flat_layouts(opt):
+        part = group["params"][0]
+        mine = [pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank]
+        for key, value in opt.state.get(part, {}).items():
+            if isinstance(value, Tensor) and value.dim() == 1 and value.numel() == part.numel():
+                for pc in mine:
+                    tensors[f"flat/{layout.names[pc.k]}/{key}@{pc.mat_off}"] = _cpu(value.narrow(0, pc.part_off, pc.n))
+            else:  # per-partition scalars (AdamW's step): the same for every parameter of the group
+                for pc in mine:
+                    put(f"flat/{layout.names[pc.k]}/{key}", value)
+    for name, w in opt.owned_tensors():
+        for key, value in opt.owner_state(w).items():
+            put(f"owner/{name}/{key}", value)
+    save_file(tensors, str(path), metadata={NUMBERS: json.dumps(numbers)})
+
+
+class _SavedState:
+    """Every rank file's keys (headers only), so a rank reads just the slices it needs."""
+
+    def __init__(self, files: list[Path], stack: contextlib.ExitStack) -> None:
+        if not files:
+            raise FileNotFoundError("no rank*.safetensors optimizer state")
+        self.whole: dict[str, Any] = {}  # key -> file handle
+        self.pieces: dict[str, list[tuple[int, int, Any, str]]] = defaultdict(list)  # (param/key) -> pieces
+        self.numbers: dict[str, Any] = {}
+        for f in files:
+            fh = stack.enter_context(safe_open(str(f), framework="pt"))
+            self.numbers.update(json.loads((fh.metadata() or {}).get(NUMBERS, "{}")))
+            for key in fh.keys():
+                if "@" in key:
+                    base, off = key.rsplit("@", 1)
+                    n = fh.get_slice(key).get_shape()[0]
+                    self.pieces[base].append((int(off), n, fh, key))
+                else:
+                    self.whole[key] = fh
+
+    def value(self, key: str) -> Any:
+        if key in self.whole:
+            return self.whole[key].get_tensor(key)
+        return self.numbers[key]
+
+    def keys_under(self, prefix: str) -> list[str]:
+        found = {k[len(prefix):] for k in self.whole if k.startswith(prefix)}
+        found |= {k[len(prefix):] for k in self.numbers if k.startswith(prefix)}
+        found |= {k[len(prefix):] for k in self.pieces if k.startswith(prefix)}
+        return sorted(found)
+
+    def fill(self, base: str, out: Tensor, mat_off: int) -> None:
+        """Copy elements [mat_off, mat_off + len(out)) of the flattened saved tensor into `out`."""
+        n, filled = out.numel(), 0
+        for off, size, fh, key in self.pieces.get(base, []):
+            lo, hi = max(mat_off, off), min(mat_off + n, off + size)
+            if hi > lo:
+                out[lo - mat_off:hi - mat_off].copy_(fh.get_slice(key)[lo - off:hi - off])
+                filled += hi - lo
+        if filled != n:
+            raise ValueError(f"the checkpoint holds {filled} of {n} elements of {base}")
+
+
+def load_zero_state(opt: ZeroShardedOptimizer, directory: Path) -> None:
+    """Rebuild this rank's optimizer state from the rank files in `directory`, whatever data-parallel
+    size wrote them."""
+    with contextlib.ExitStack() as stack:
+        saved = _SavedState(sorted(directory.glob("rank*.safetensors")), stack)
+        for group, layout in _flat_layouts(opt):
+            part = group["params"][0]
+            keys = {k for name in layout.names for k in saved.keys_under(f"flat/{name}/")}
+            state: dict[str, Any] = {}
+            for key in sorted(keys):
+                if any(f"flat/{name}/{key}" in saved.pieces for name in layout.names):
+                    buf = torch.zeros(part.numel(), dtype=torch.float32)
+                    for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
+                        saved.fill(f"flat/{layout.names[pc.k]}/{key}", buf[pc.part_off:pc.part_off + pc.n], pc.mat_off)
+                    state[key] = buf.to(part.device)
+                else:
+                    name = next(n for n in layout.names if f"flat/{n}/{key}" in saved.whole or
+                                f"flat/{n}/{key}" in saved.numbers)
+                    value = saved.value(f"flat/{name}/{key}")
+                    state[key] = value.to(part.device) if key != "step" and isinstance(value, Tensor) else value
+            opt.state[part] = state
+        for name, w in opt.owned_tensors():
+            keys = saved.keys_under(f"owner/{name}/")
+            if not keys:
+                raise ValueError(f"the checkpoint holds no optimizer state for {name}")
+            state = opt.owner_state(w)
+            for key in keys:
+                value = saved.value(f"owner/{name}/{key}")
+                state[key] = value.to(w.device) if isinstance(value, Tensor) else value
