@@ -34,6 +34,7 @@ from launch.config import Config, ConfigError
 from launch.distributed import DistEnv
 from launch.engine import Engine
 from launch.parallelize import build_model
+from launch.spikes import SpikeGuard
 from models import GPTConfig
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer, zero_group_layout
 from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
@@ -55,9 +56,6 @@ def check_zero_config(cfg: Config) -> None:
     if cfg.model.resolve().center_mlp:
         raise ConfigError(f"model.center_mlp is not supported with parallel.backend={backend} (the bias transport "
                           "would have to reach DeepSpeed's fp32 partitions); use parallel.backend=fsdp or ddp")
-    if cfg.train.skip_spikes:
-        raise ConfigError(f"train.skip_spikes is not supported with parallel.backend={backend} (DeepSpeed owns the "
-                          "step); use parallel.backend=fsdp or ddp, or leave it off")
     if cfg.optim.name not in ZERO_OPTIMIZERS:
         raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.optim.name!r}: ZeRO-1/2 supports "
                           f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
@@ -144,6 +142,10 @@ class DeepSpeedEngine(Engine):
                                                     dist_init_required=False)
         self.optimizer.bind(self.module.optimizer, cfg.optim.grad_clip)
         self._micro = 0
+        t = cfg.train
+        self.spikes = SpikeGuard(t.spike_window, t.spike_sigma, env.world_size) if t.skip_spikes else None
+        if self.spikes is not None:  # decided inside DeepSpeed's step, once its global norm exists
+            self.optimizer.skip_update = lambda norm: self.spikes.is_spike(self._step_loss, norm)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -173,6 +175,7 @@ class DeepSpeedEngine(Engine):
             raise RuntimeError(f"DeepSpeedEngine.step after {self._micro} backward calls; expected {self.accum_steps}")
         for group in self.optimizer.param_groups:
             group["lr"] = float(lr)
+        self.optimizer.begin_step()
         self.module.step()
         self._micro = 0
         self._step_loss = torch.zeros_like(self._step_loss)
@@ -180,7 +183,8 @@ class DeepSpeedEngine(Engine):
 
     def diagnostics(self) -> dict[str, float]:
         """Same ``diag/...`` keys as ``orscale.collect_diagnostics``. Collective (every rank)."""
-        return self.optimizer.diagnostics()
+        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
+        return {**self.optimizer.diagnostics(), **extra}
 
     def calibration_constants(self) -> dict[str, float]:
         """{matrix name: c} (collective); {} for variants without lazy calibration."""

@@ -75,11 +75,11 @@ def test_zero_config_errors_are_one_line():
 
     for name in OPTIMIZER_NAMES:  # every optimizer runs under ZeRO (whole tensors at owner ranks)
         check_zero_config(_cfg("zero1", name))
-    spikes = _cfg("zero2")
-    spikes.train.skip_spikes = True
+    center = _cfg("zero2")
+    center.model.center_mlp = True
     with pytest.raises(ConfigError) as err:
-        check_zero_config(spikes)
-    assert "\n" not in str(err.value) and "train.skip_spikes" in str(err.value)
+        check_zero_config(center)
+    assert "\n" not in str(err.value) and "model.center_mlp" in str(err.value)
 
 
 def test_ds_config_leaves_clipping_to_us_and_keeps_fp32_arithmetic():

@@ -178,6 +178,10 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         self._group: Any = None  # DeepSpeed's data-parallel process group of the matrix group
         self._device = torch.device("cpu")
         self.zero_opt: Any = None  # DeepSpeed's ZeRO optimizer (its flat buffers), set by bind()
+        # Optional: given the step's global raw gradient norm, whether to skip its update (the
+        # trainer's spike guard); asked once per step, at the first group, on every rank.
+        self.skip_update: Optional[Callable[[Any], bool]] = None
+        self._skip: Optional[bool] = None
         self._bound = False
 
     # ---------------------------------------------------------------- after deepspeed.initialize
@@ -258,6 +262,11 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("ZeroShardedOptimizer does not support closures")
         if not self._bound:
             raise RuntimeError("ZeroShardedOptimizer.bind() must be called after deepspeed.initialize")
+        if self.skip_update is not None:
+            if self._skip is None:
+                self._skip = bool(self.skip_update(self._grad_norm()))
+            if self._skip:
+                return None
         coef = self._clip_coefficient()
         adam_groups = []
         for group in self.param_groups:
@@ -273,6 +282,10 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             self._adam.state = self.state
             self._adam.step()
         return None
+
+    def begin_step(self) -> None:
+        """Called before each DeepSpeed step: the next `step()` call asks `skip_update` afresh."""
+        self._skip = None
 
     def _clip_coefficient(self) -> Optional[Tensor]:
         """min(1, max_norm / (‖g‖ + 1e-6)) as clip_grad_norm_ computes it; None when disabled."""
