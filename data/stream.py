@@ -5,7 +5,10 @@ A corpus is a list of files (local `data.data_files`, or a hub dataset's parquet
 read of what comes before:
   * parquet: one piece per row group (from the file's footer);
   * JSON Lines: one piece per `data.piece_bytes` bytes; a piece holds the lines that *start* in
-    its byte range (a line straddling the end belongs to the piece it starts in).
+    its byte range (a line straddling the end belongs to the piece it starts in);
+  * compressed JSON Lines (`.gz`, `.bz2`, `.xz`; `.zst` with the `zstandard` package): one piece
+    per file, since a compressed stream cannot be entered in the middle (a resume inside it
+    decompresses from the file's start; the data path's unit of parallelism is then the file).
 A document's address is (piece, row within the piece), so a reader opens exactly the pieces it
 needs and a resume seeks instead of re-reading (`read_texts(piece, start_row)`).
 """
@@ -13,7 +16,10 @@ needs and a resume seeks instead of re-reading (`read_texts(piece, start_row)`).
 from __future__ import annotations
 
 import bisect
+import bz2
+import gzip
 import json
+import lzma
 import logging
 import os
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ log = logging.getLogger("orscale.data")
 
 TEXT_FORMATS = ("json", "parquet")
 _EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 PARQUET_BATCH_ROWS = 1024  # rows per pyarrow batch inside a row group (bounds memory on big groups)
 
 
@@ -80,6 +87,11 @@ def _hub_files(cfg: DataConfig) -> list[str]:
     return files
 
 
+def compression(path: str) -> Optional[str]:
+    """The compression suffix of `path` (".gz", ...), or None."""
+    return next((s for s in _COMPRESSED if path.endswith(s)), None)
+
+
 def _open(path: str, mode: str = "rb"):
     """Local path or fsspec URL (hf://... through huggingface_hub's file system)."""
     if "://" in path:
@@ -87,6 +99,20 @@ def _open(path: str, mode: str = "rb"):
 
         return fsspec.open(path, mode).open()
     return open(path, mode)
+
+
+def _open_text_stream(path: str):
+    """A binary reader of the decompressed bytes of a compressed JSON Lines file."""
+    kind = compression(path)
+    if kind == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(f"data file '{path}' is zstd-compressed: pip install zstandard (or decompress it)") from None
+        import io
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(_open(path)))
+    return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[kind](_open(path))
 
 
 def _parquet_file(path: str):
@@ -102,6 +128,8 @@ def describe_file(path: str, kind: str, piece_bytes: int) -> CorpusFile:
     if kind == "parquet":
         return CorpusFile(path, kind, _parquet_file(path).metadata.num_row_groups, 0)
     size = os.path.getsize(path)
+    if compression(path):
+        return CorpusFile(path, kind, 1, size)  # one piece: the whole stream
     return CorpusFile(path, kind, -(-size // piece_bytes), size)
 
 
@@ -124,6 +152,8 @@ class Catalog:
         f, unit = self.files[k], index - self._first[k]
         if f.kind == "parquet":
             return Piece(index, f.path, f.kind, unit, 0, 0)
+        if compression(f.path):
+            return Piece(index, f.path, f.kind, 0, 0, f.size)
         start = unit * self.piece_bytes
         return Piece(index, f.path, f.kind, unit, start, min(start + self.piece_bytes, f.size))
 
@@ -134,11 +164,13 @@ class Catalog:
 def file_format(path: str, source: str) -> str:
     """`json` or `parquet` for a local file: `data.source` when set, else from the extension; a
     file whose extension says otherwise than `data.source` is a one-line error."""
-    suffix = next((s for s in _EXTENSIONS if path.endswith(s)), None)
-    if suffix is None and path.endswith((".gz", ".zst", ".bz2", ".xz")):
-        raise DataError(f"data file '{path}' is compressed: JSON Lines are read by byte range, so decompress it "
-                        "(or pre-tokenise it with python -m data.prepare)")
+    packed = compression(path)
+    name = path[:-len(packed)] if packed else path
+    suffix = next((s for s in _EXTENSIONS if name.endswith(s)), None)
     guessed = _EXTENSIONS.get(suffix)
+    if packed and (guessed == "parquet" or source == "parquet"):
+        raise DataError(f"data file '{path}' is a compressed parquet file: parquet compresses its own pages; "
+                        "decompress the file")
     if source == "auto":
         if guessed is None:
             raise DataError(f"cannot tell the format of data file '{path}' from its name; set data.source=json "
@@ -160,7 +192,12 @@ def build_catalog(cfg: DataConfig) -> Catalog:
 
 
 def _json_lines(piece: Piece) -> Iterator[bytes]:
-    """The lines that start in [start, end): skip the partial first line unless at the file start."""
+    """The lines that start in [start, end): skip the partial first line unless at the file start.
+    A compressed file is one piece: all of its lines."""
+    if compression(piece.path):
+        with _open_text_stream(piece.path) as fh:
+            yield from fh
+        return
     with _open(piece.path) as fh:
         if piece.start > 0:
             fh.seek(piece.start - 1)

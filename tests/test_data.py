@@ -250,6 +250,35 @@ def test_token_shard_errors_are_one_clear_line(tmp_path, gpt2_tokenizer):
     assert "data.prepare" in error()
 
 
+def test_compressed_json_lines_are_one_piece_per_file_and_read_like_plain(tmp_path, gpt2_tokenizer):
+    import bz2
+    import gzip
+    import lzma
+
+    texts = corpus_texts()[:160]
+    plain = [write_jsonl(tmp_path / f"part{i}.jsonl", texts[i * 40:(i + 1) * 40]) for i in range(4)]
+    packed = []
+    for i, (path, opener) in enumerate(zip(plain, (gzip.open, bz2.open, lzma.open, gzip.open))):
+        suffix = {gzip.open: ".gz", bz2.open: ".bz2", lzma.open: ".xz"}[opener]
+        with opener(path + suffix, "wb") as fh:
+            fh.write(open(path, "rb").read())
+        packed.append(path + suffix)
+    ccfg = data_config(source="auto", data_files=packed)
+    assert len(build_catalog(ccfg)) == 4  # a compressed stream cannot be entered mid-way: a file is a piece
+    assert [t for _, t in iter_documents(ccfg)] == texts
+    # Windows and an exact resume inside a file (the piece is decompressed from its start).
+    a = loader_for(ccfg, gpt2_tokenizer)
+    for _ in range(3):
+        a.next_step()
+    b = loader_for(ccfg, gpt2_tokenizer)
+    b.load_rank_states([a.state_dict()])
+    assert all(torch.equal(a.next_step(), b.next_step()) for _ in range(3))
+    (tmp_path / "x.parquet.gz").write_bytes(b"")
+    with pytest.raises(DataError, match="compressed parquet") as err:
+        build_catalog(data_config(source="auto", data_files=[str(tmp_path / "x.parquet.gz")]))
+    assert "\n" not in str(err.value)
+
+
 def test_bad_corpora_give_one_clear_error(tmp_path, gpt2_tokenizer):
     with pytest.raises(DataError, match="not found"):
         list(iter_documents(data_config(data_files=[str(tmp_path / "missing.jsonl")])))
