@@ -36,6 +36,7 @@ from launch.engine import Engine
 from launch.parallelize import build_model
 from launch.spikes import SpikeGuard
 from models import GPTConfig
+from models.centered_linear import CenteredLinear
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer, zero_group_layout
 from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
 
@@ -53,9 +54,6 @@ def check_zero_config(cfg: Config) -> None:
     backend = cfg.parallel.backend
     if backend not in ("zero1", "zero2"):
         raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
-    if cfg.model.resolve().center_mlp:
-        raise ConfigError(f"model.center_mlp is not supported with parallel.backend={backend} (the bias transport "
-                          "would have to reach DeepSpeed's fp32 partitions); use parallel.backend=fsdp or ddp")
     if cfg.optim.name not in ZERO_OPTIMIZERS:
         raise ConfigError(f"parallel.backend={backend} cannot run optim.name={cfg.optim.name!r}: ZeRO-1/2 supports "
                           f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it")
@@ -142,6 +140,8 @@ class DeepSpeedEngine(Engine):
                                                     dist_init_required=False)
         self.optimizer.bind(self.module.optimizer, cfg.optim.grad_clip)
         self._micro = 0
+        self._centred_biases = {f"{name}.bias" for name, mod in model.named_modules()
+                                if isinstance(mod, CenteredLinear)}
         t = cfg.train
         self.spikes = SpikeGuard(t.spike_window, t.spike_sigma, env.world_size) if t.skip_spikes else None
         if self.spikes is not None:  # decided inside DeepSpeed's step, once its global norm exists
@@ -177,9 +177,18 @@ class DeepSpeedEngine(Engine):
             group["lr"] = float(lr)
         self.optimizer.begin_step()
         self.module.step()
+        if self.model.cfg.center_mlp:
+            self._update_centring()
         self._micro = 0
         self._step_loss = torch.zeros_like(self._step_loss)
         return self.module.get_global_grad_norm()
+
+    def _update_centring(self) -> None:
+        """M2 on the whole weights every rank holds (after DeepSpeed copied the updated master
+        partitions back), then the transported biases into the master partitions, the copy the
+        next step starts from."""
+        super()._update_centring()
+        self.optimizer.copy_from_model(self.model, self._centred_biases)
 
     def diagnostics(self) -> dict[str, float]:
         """Same ``diag/...`` keys as ``orscale.collect_diagnostics``. Collective (every rank)."""

@@ -69,6 +69,13 @@ class Engine(ABC):
         self._step_loss += loss.detach()
         return loss.detach()
 
+    def _update_centring(self) -> None:
+        """CBP's M2 after the step: every rank's input mean averaged (one all-reduce per centred
+        layer), the EMA mean moved and the bias transported on the rows this rank holds."""
+        world = self.env.world_size
+        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
+        update_means(self.model, average=average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
+
     @abstractmethod
     def _accumulating(self, last_micro_batch: bool) -> ContextManager: ...
 
@@ -133,13 +140,6 @@ class TorchEngine(Engine):
             self._update_centring()
         self._step_loss = torch.zeros_like(self._step_loss)
         return norm
-
-    def _update_centring(self) -> None:
-        """CBP's M2 after the step: every rank's input mean averaged (one all-reduce per centred
-        layer), the EMA mean moved and the bias transported on the rows this rank holds."""
-        world = self.env.world_size
-        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
-        update_means(self.model, average=average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
 
     def diagnostics(self) -> dict[str, float]:
         extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}

@@ -57,7 +57,7 @@ CASES = [(b, o) for b in ("ddp", "fsdp") for o in ("adamw", "muon_moonlight", "o
 CASES += [("zero1", "orscale_lm"), ("zero2", "orscale_lm"), ("zero2", "adamw")]
 # The CBP family (issue 12): per-block norms summed across shards / owners; M2's mean averaged.
 CASES += [("ddp", "cbp"), ("fsdp", "cbp"), ("zero2", "cbp"), ("fsdp", "lamb"), ("zero1", "lamb"), ("ddp", "lars"),
-          ("fsdp", "cbp+center"), ("ddp", "cbp+center")]
+          ("fsdp", "cbp+center"), ("ddp", "cbp+center"), ("zero2", "cbp+center")]
 
 
 def _optim_args(optim: str) -> list[str]:
@@ -79,10 +79,12 @@ def test_two_ranks_match_one_process(tmp_path_factory, single_runs, optim, backe
     two = tmp_path_factory.mktemp(f"{backend}-{optim.replace('+', '-')}")
     run_train([f"run.dir={two}", *_optim_args(optim), f"parallel.backend={backend}", *EQUAL], nproc=2)
     # With M2 the losses still agree to ~1e-6, but the means are summed in other row orders on 2
-    # ranks and M3's division by √v̂ + ζ grows that ~1e-7 noise in small elements: measured under
-    # FSDP2 after 6 steps, 2.2e-5 on blocks.0.attn.out and 7e-5 on a mean. 1e-4 still catches a
-    # wrong transport or an unaveraged mean (those are off by 1e-2 and more).
-    assert_close_runs(single, two, rtol=1e-4 if optim.endswith("+center") else 1e-5)
+    # ranks and M3's division by √v̂ + ζ grows that ~1e-7 noise in small elements: measured after 6
+    # steps, worst tensor 1e-6 under DDP, 7e-5 under FSDP2 and 1.5e-4 under ZeRO-2, both on
+    # blocks.1.mlp.down.mu (a mean of ReLU² outputs: the square doubles the relative noise); with
+    # optim.cbp_precondition=false 1e-7 / 4e-6 / 1.3e-5. 2e-4 still catches a wrong transport or
+    # an unaveraged mean: a transport that misses ZeRO's master partitions is off by 14x on a bias.
+    assert_close_runs(single, two, rtol=2e-4 if optim.endswith("+center") else 1e-5)
 
 
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])

@@ -404,7 +404,35 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             return {}
         return summarize(*merged)
 
-    # ---------------------------------------------------------------- checkpoints
+    # ---------------------------------------------------------------- layouts, checkpoints
+    def group_layouts(self) -> list[tuple[dict[str, Any], MatrixLayout]]:
+        """(param group, where its parameters lie across the ZeRO partitions) for every group."""
+        out = []
+        for gi, group in enumerate(self.param_groups):
+            if group[ROLE] == "matrix":
+                out.append((group, self._layout))
+                continue
+            pg = self.zero_opt.real_dp_process_group[gi]
+            world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+            _, params, offsets, P = zero_group_layout(self.zero_opt, gi, world)
+            names = [self.param_names[id(p)] for p in params]
+            out.append((group, build_layout(names, [p.shape for p in params], offsets, P, rank, world)))
+        return out
+
+    @torch.no_grad()
+    def copy_from_model(self, model: nn.Module, names: set[str]) -> None:
+        """Copy parameters `names` of the (whole, replicated) model into this rank's master
+        partitions: for a change made outside the step (M2's bias transport)."""
+        if not names:
+            return
+        params = dict(model.named_parameters())
+        for group, layout in self.group_layouts():
+            part = group["params"][0]
+            for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
+                if layout.names[pc.k] in names:
+                    src = params[layout.names[pc.k]].detach().reshape(-1).narrow(0, pc.mat_off, pc.n)
+                    part.narrow(0, pc.part_off, pc.n).copy_(src)
+
     def owned_tensors(self) -> list[tuple[str, Tensor]]:
         """(name, whole fp32 tensor) of the matrices this rank owns (orscale.distributed.zero_checkpoint)."""
         layout = self._layout

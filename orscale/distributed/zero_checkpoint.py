@@ -25,28 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from orscale.distributed.zero import ROLE, MatrixLayout, ZeroShardedOptimizer, build_layout, zero_group_layout
+from orscale.distributed.zero import ROLE, MatrixLayout, ZeroShardedOptimizer
 
 NUMBERS = "orscale_numbers"  # safetensors metadata key: JSON of the non-tensor state values
 
 
 def _flat_layouts(opt: ZeroShardedOptimizer) -> list[tuple[dict[str, Any], MatrixLayout]]:
     """(param group, its layout over the ZeRO partitions) for every flat (AdamW) group."""
-    out = []
-    for gi, group in enumerate(opt.param_groups):
-        if group[ROLE] == "matrix":
-            continue
-        world, rank = dist.get_world_size(opt.zero_opt.real_dp_process_group[gi]), \
-            dist.get_rank(opt.zero_opt.real_dp_process_group[gi])
-        _, params, offsets, P = zero_group_layout(opt.zero_opt, gi, world)
-        names = [opt.param_names[id(p)] for p in params]
-        out.append((group, build_layout(names, [p.shape for p in params], offsets, P, rank, world)))
-    return out
+    return [(group, layout) for group, layout in opt.group_layouts() if group[ROLE] != "matrix"]
 
 
 def _cpu(t: Tensor) -> Tensor:
