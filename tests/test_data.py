@@ -279,6 +279,42 @@ def test_compressed_json_lines_are_one_piece_per_file_and_read_like_plain(tmp_pa
     assert "\n" not in str(err.value)
 
 
+HUB_README = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/*/*
+- config_name: sample-10BT
+  data_files:
+  - split: train
+    path: sample/10BT/*
+---
+"""
+
+
+def test_a_hub_dataset_is_resolved_by_datasets_and_read_by_row_group(tmp_path, gpt2_tokenizer):
+    """The hub path (`data.source=<dataset>`, `data.subset=<config>`) offline: a local directory laid
+    out like HuggingFaceFW/fineweb-edu (README configs, sample/10BT/*.parquet) goes through the same
+    `datasets` resolution; the subset picks its files, each row group is a piece."""
+    texts = corpus_texts()[:150]
+    (tmp_path / "README.md").write_text(HUB_README)
+    (tmp_path / "sample" / "10BT").mkdir(parents=True)
+    (tmp_path / "data" / "CC-MAIN-2024-10").mkdir(parents=True)
+    for i in range(3):
+        write_parquet(tmp_path / "sample" / "10BT" / f"{i:03d}_00000.parquet", texts[i * 50:(i + 1) * 50], 16)
+    write_parquet(tmp_path / "data" / "CC-MAIN-2024-10" / "000_00000.parquet", ["not this config"] * 20, 16)
+    cfg = data_config(source=str(tmp_path), subset="sample-10BT", data_files=[])
+    catalog = build_catalog(cfg)
+    assert len(catalog) == 3 * 4 and all("/sample/10BT/" in f.path for f in catalog.files)
+    assert [t for _, t in iter_documents(cfg)] == texts
+    loader = loader_for(cfg, gpt2_tokenizer)
+    assert loader.next_step().shape == (8, 65)
+    with pytest.raises(DataError, match="could not be opened") as err:
+        build_catalog(data_config(source="HuggingFaceFW/fineweb-edu", subset="sample-10BT", data_files=[]))
+    assert "\n" not in str(err.value) and "offline" in str(err.value)
+
+
 def test_bad_corpora_give_one_clear_error(tmp_path, gpt2_tokenizer):
     with pytest.raises(DataError, match="not found"):
         list(iter_documents(data_config(data_files=[str(tmp_path / "missing.jsonl")])))
