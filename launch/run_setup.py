@@ -114,7 +114,9 @@ def setup_run(cfg: Config) -> Run:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
                           f"{model_cfg.vocab_size}; raise model.vocab_size")
     docs = open_documents(cfg.data, tokenizer)
-    val, val_end = build_val_set(cfg.data, docs)
+    # Read and tokenised once, on rank 0 (10M tokens for the paper's presets), then broadcast: 64
+    # ranks do not each download the validation documents, and a data error is one line from rank 0.
+    val, val_end = rank0_decides(lambda: build_val_set(cfg.data, docs))
 
     # ---- run directory: one writer (rank 0 holds the lock), and where this run starts
     run_dir, lock = RunDir(cfg.run.dir, active=env.is_main), RunLock(Path(cfg.run.dir))
