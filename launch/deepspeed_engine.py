@@ -28,7 +28,8 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from launch.config import Config, ConfigError
 from launch.distributed import DistEnv
@@ -183,6 +184,20 @@ class DeepSpeedEngine(Engine):
         self._step_loss = torch.zeros_like(self._step_loss)
         return self.module.get_global_grad_norm()
 
+    @torch.no_grad()
+    def _load_weights(self, path: Path) -> None:
+        """Copy the saved tensors into the model one at a time (memory-mapped reads: no rank holds a
+        second whole copy of the weights)."""
+        own = self.model.state_dict()  # views of the parameters and persistent buffers
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            saved = set(fh.keys())
+            if saved != set(own):
+                diff = sorted(saved ^ set(own))
+                raise ConfigError(f"{path} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
+                                  "resume with the model config that wrote it")
+            for name, tensor in own.items():
+                tensor.copy_(fh.get_tensor(name))
+
     def _update_centring(self) -> None:
         """M2 on the whole weights every rank holds (after DeepSpeed copied the updated master
         partitions back), then the transported biases into the master partitions, the copy the
@@ -220,7 +235,7 @@ class DeepSpeedEngine(Engine):
         meta = check_zero_checkpoint(directory)
         if meta["optim"] != self.cfg.optim.name:
             raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; this run has {self.cfg.optim.name}")
-        self.model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(self.env.device)))
+        self._load_weights(directory / "model.safetensors")
         zero_opt = self.module.optimizer
         for gi, group in enumerate(self.optimizer.param_groups):
             # The master partition is DeepSpeed's fp32 copy of this rank's slice of the flat buffer.
