@@ -17,10 +17,15 @@ import os
 import sys
 from typing import Optional
 
+if __name__ == "__main__":  # first, before torch is imported: a launcher killed meanwhile takes us along
+    from launch.parent_death import die_with_parent
+
+    die_with_parent()
+
 import torch
 
 from launch.config import USER_ERRORS, Config, load_config
-from launch.distributed import DistEnv, all_reduce_sum, die_with_parent, shutdown
+from launch.distributed import DistEnv, all_reduce_sum, shutdown
 from launch.engine import Engine
 from launch.preemption import StopFlag
 from launch.run_setup import Run, RunComplete, setup_run
@@ -130,7 +135,6 @@ def _progress(cfg: Config, env: DistEnv, start: int):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    die_with_parent()
     setup_logging(rank=0)
     args = parse_args(argv)
     try:

@@ -1,7 +1,7 @@
 """Soak: kill -9 a run at random moments (saves included) and re-run the same command, again and
 again; the run must end bit-equal to an uninterrupted one.
 
-    python bench/bench_kill_soak.py [--kills 20] [--steps 40] [--nproc 1] [--seed 0]
+    python bench/bench_kill_soak.py [--kills 20] [--steps 40] [--nproc 1] [--backend fsdp] [--seed 0]
 
 A small model with a checkpoint every 2 steps; each kill hits a random moment between 0.5 s and
 the time a whole run takes, so some land in start-up, some mid-step, some mid-save. Prints how many
@@ -38,11 +38,12 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--backend", default=None, help="parallel.backend (default: none on 1 process, else fsdp)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
-    backend = ["parallel.backend=fsdp"] if args.nproc > 1 else []
+    backend = [f"parallel.backend={args.backend or ('fsdp' if args.nproc > 1 else 'none')}"]
     common = [*OVERRIDES, *backend, f"train.max_steps={args.steps}"]
 
     t0 = time.perf_counter()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -163,18 +162,3 @@ def rank0_decides(fn: Callable[[], T]) -> T:
     if kind == "fail":
         raise RuntimeError(f"rank 0 failed: {value}")
     return value
-
-
-def die_with_parent() -> None:
-    """Under torchrun: ask the kernel to SIGKILL this worker when its launcher dies (kill -9 of
-    torchrun would otherwise leave workers training as orphans, writing into the run dir)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    parent = os.getppid()
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the launcher died before the request took effect
-        os._exit(1)

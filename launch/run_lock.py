@@ -18,21 +18,31 @@ class RunLock:
         self.path = Path(run_dir) / ".lock"
         self._fh = None
 
-    def acquire(self) -> Optional[str]:
-        """None once held; otherwise who holds it (from the lock file), for the error message."""
+    def acquire(self, grace_s: float = 10.0) -> Optional[str]:
+        """None once held; otherwise who holds it (from the lock file), for the error message.
+
+        A held lock is retried for `grace_s` seconds first: after kill -9 of torchrun its workers
+        die by their parent-death signal, but a worker's exit (and with it the lock) can trail the
+        launcher's by a moment, and a requeue that relaunches at once must not be refused for it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
+        deadline = time.monotonic() + grace_s
+        while True:
             try:
-                holder = json.loads(fh.read() or "{}")
-            except ValueError:
-                holder = {}
-            fh.close()
-            return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since "
-                    f"{holder.get('since', '?')}")
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                fh.seek(0)
+                try:
+                    holder = json.loads(fh.read() or "{}")
+                except ValueError:
+                    holder = {}
+                fh.close()
+                return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since "
+                        f"{holder.get('since', '?')}")
         fh.seek(0)
         fh.truncate()
         fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),

@@ -60,6 +60,52 @@ def _kill_and_resume(run_dir: Path, overrides: list[str], nproc: int, kill_after
     run_train([f"run.dir={run_dir}", *overrides], nproc)  # run.resume=auto is the default
 
 
+@pytest.mark.distributed
+def test_a_launcher_killed_during_start_up_takes_its_workers_along(tmp_path):
+    """kill -9 of torchrun while its workers are still starting, then the same command at once
+    (same rendezvous port, as a requeue runs it): a worker that missed its parent's death notices
+    it was adopted by init and exits, instead of joining the relaunch's rendezvous or training as
+    an orphan into the run directory; the relaunch runs normally."""
+    import psutil
+
+    from launch.parent_death import init_cmdline
+
+    if any(name in init_cmdline() for name in ("python", "torchrun", "accelerate", "deepspeed")):
+        pytest.skip("PID 1 here is a launcher-like process: an adopted worker cannot tell")
+    run_dir = tmp_path / "run"
+    cmd = train_cmd([f"run.dir={run_dir}", "parallel.backend=ddp", "train.max_steps=3", "train.eval_every=0"], nproc=2)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the workers exist: kill now, while they import torch
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if any("train.py" in part for part in c.cmdline())]
+        if len(workers) == 2:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("torchrun started no workers")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(train_losses(run_dir)) == [1, 2, 3]
+    assert _survivors(run_dir) == [], "a worker outlived its launcher"
+
+
+def test_adopted_by_init_tells_an_init_from_a_launcher_at_pid_1(monkeypatch):
+    from launch import parent_death
+
+    monkeypatch.setattr(parent_death.os, "getppid", lambda: 1)
+    for init, adopted in (("/sbin/init", True), ("/usr/bin/tini -- bash", True), ("", False),
+                          ("/usr/bin/python3 -m torch.distributed.run train.py", False), ("torchrun train.py", False)):
+        monkeypatch.setattr(parent_death, "init_cmdline", lambda init=init: init)
+        assert parent_death.adopted_by_init() is adopted, init
+    monkeypatch.setattr(parent_death.os, "getppid", lambda: 4242)
+    monkeypatch.setattr(parent_death, "init_cmdline", lambda: "/sbin/init")
+    assert not parent_death.adopted_by_init()
+
+
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
 def test_sigkill_then_auto_resume_is_bit_exact_one_process(tmp_path, optim):
     common = [f"optim.name={optim}", "train.max_steps=8", "train.ckpt_every=3", "train.eval_every=4"]
