@@ -38,7 +38,7 @@ from launch.parallelize import build_model
 from launch.spikes import SpikeGuard
 from models import GPTConfig
 from models.centered_linear import CenteredLinear
-from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer, zero_group_layout
+from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
 from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
 
 TAG = "zero"  # the optimizer state goes to <checkpoint>/zero/rank<r>.safetensors
@@ -234,13 +234,9 @@ class DeepSpeedEngine(Engine):
         optimizer state (moments, momentum, calibration constants) rebuilt for this world size."""
         meta = check_zero_checkpoint(directory)
         if meta["optim"] != self.cfg.optim.name:
-            raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; this run has {self.cfg.optim.name}")
+            raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; "
+                              f"this run has {self.cfg.optim.name}")
         self._load_weights(directory / "model.safetensors")
-        zero_opt = self.module.optimizer
-        for gi, group in enumerate(self.optimizer.param_groups):
-            # The master partition is DeepSpeed's fp32 copy of this rank's slice of the flat buffer.
-            pg = zero_opt.real_dp_process_group[gi]
-            flat, _, _, P = zero_group_layout(zero_opt, gi, dist.get_world_size(pg))
-            group["params"][0].data.copy_(flat.narrow(0, dist.get_rank(pg) * P, P))
+        self.optimizer.copy_from_model(self.model)  # DeepSpeed's fp32 master partitions
         load_zero_state(self.optimizer, directory / TAG)
         self._micro = 0

@@ -177,7 +177,6 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         self._max_norm = 0.0
         self._group: Any = None  # DeepSpeed's data-parallel process group of the matrix group
         self._device = torch.device("cpu")
-        self.zero_opt: Any = None  # DeepSpeed's ZeRO optimizer (its flat buffers), set by bind()
         # Optional: given the step's global raw gradient norm, whether to skip its update (the
         # trainer's spike guard); asked once per step, at the first group, on every rank.
         self.skip_update: Optional[Callable[[Any], bool]] = None
@@ -189,24 +188,25 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         """Learn the partition layout from DeepSpeed's ZeRO optimizer and build the owner-side
         MuonFamily over this rank's whole matrices. Collective-free; call once on every rank."""
         self._max_norm = float(max_norm)
-        self.zero_opt = zero_opt
         self._grad_norm = lambda: getattr(zero_opt, "_global_grad_norm", None)
-        gi = next((i for i, g in enumerate(self.param_groups) if g[ROLE] == "matrix"), None)
-        if gi is not None:
-            group_pg = zero_opt.real_dp_process_group[gi]
-            self._group = group_pg
-            world, rank = dist.get_world_size(group_pg), dist.get_rank(group_pg)
+        self._layouts = []  # per param group: where its parameters lie across the partitions
+        for gi, group in enumerate(self.param_groups):
+            pg = zero_opt.real_dp_process_group[gi]
+            world, rank = dist.get_world_size(pg), dist.get_rank(pg)
             flat, params, offsets, P = zero_group_layout(zero_opt, gi, world)
             names = [self.param_names[id(p)] for p in params]
-            layout = build_layout(names, [p.shape for p in params], offsets, P, rank, world)
-            part = self.param_groups[gi]["params"][0]
+            self._layouts.append(build_layout(names, [p.shape for p in params], offsets, P, rank, world))
+            part = group["params"][0]
             # Our reading of the layout must agree with DeepSpeed's: the master partition is a copy
             # of this rank's slice of the flat buffer (one-time check).
             if (part.numel() != P or part.dtype != torch.float32
                     or not torch.equal(part, flat.narrow(0, rank * P, P).to(torch.float32))):
                 raise RuntimeError("the ZeRO master partition does not match the flat-buffer layout read "
                                    f"from {type(zero_opt).__name__}; this DeepSpeed version is not supported")
-            self._layout, self._device, self._part = layout, part.device, part
+            if group[ROLE] == "matrix":
+                self._group, self._layout, self._device, self._part = pg, self._layouts[gi], part.device, part
+        layout = self._layout
+        if layout is not None:
             # A matrix that lies whole in this rank's partition is handed to MuonFamily as a view of
             # the master partition (updated in place, no copy); one that straddles a boundary gets a
             # persistent fp32 buffer that the exchange fills and empties every step.
@@ -216,9 +216,9 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             for k in layout.owned:
                 (first, *more) = layout.pieces[k]
                 if more:
-                    self._staging.append(torch.zeros(layout.shapes[k], dtype=torch.float32, device=part.device))
+                    self._staging.append(torch.zeros(layout.shapes[k], dtype=torch.float32, device=self._part.device))
                 else:
-                    self._staging.append(part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
+                    self._staging.append(self._part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
             if self._staging:
                 owned = [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)]
                 self._muon = self._owner_optimizer(owned)
@@ -407,29 +407,17 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
     # ---------------------------------------------------------------- layouts, checkpoints
     def group_layouts(self) -> list[tuple[dict[str, Any], MatrixLayout]]:
         """(param group, where its parameters lie across the ZeRO partitions) for every group."""
-        out = []
-        for gi, group in enumerate(self.param_groups):
-            if group[ROLE] == "matrix":
-                out.append((group, self._layout))
-                continue
-            pg = self.zero_opt.real_dp_process_group[gi]
-            world, rank = dist.get_world_size(pg), dist.get_rank(pg)
-            _, params, offsets, P = zero_group_layout(self.zero_opt, gi, world)
-            names = [self.param_names[id(p)] for p in params]
-            out.append((group, build_layout(names, [p.shape for p in params], offsets, P, rank, world)))
-        return out
+        return list(zip(self.param_groups, self._layouts))
 
     @torch.no_grad()
-    def copy_from_model(self, model: nn.Module, names: set[str]) -> None:
-        """Copy parameters `names` of the (whole, replicated) model into this rank's master
-        partitions: for a change made outside the step (M2's bias transport)."""
-        if not names:
-            return
+    def copy_from_model(self, model: nn.Module, names: Optional[set[str]] = None) -> None:
+        """Copy parameters `names` (default: all) of the whole, replicated model into this rank's
+        master partitions: after a resume, or a change made outside the step (M2's transport)."""
         params = dict(model.named_parameters())
         for group, layout in self.group_layouts():
             part = group["params"][0]
             for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
-                if layout.names[pc.k] in names:
+                if names is None or layout.names[pc.k] in names:
                     src = params[layout.names[pc.k]].detach().reshape(-1).narrow(0, pc.mat_off, pc.n)
                     part.narrow(0, pc.part_off, pc.n).copy_(src)
 
