@@ -27,7 +27,7 @@ import torch
 from launch.config import Config, ConfigError
 from launch.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_checkpoint, check_zero_config, ds_config
 from launch.engine import TorchEngine
-from orscale.distributed.zero import build_layout
+from orscale.distributed.zero_layout import build_layout
 from tests import zero_worker as zw
 from tests.helpers import ROOT, env, free_port
 

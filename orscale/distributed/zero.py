@@ -35,7 +35,6 @@ by parameter name, so a ZeRO checkpoint loads at any data-parallel size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -45,6 +44,7 @@ from torch import Tensor, nn
 from orscale.builder import adamw, elementwise_optimizer, muon_family_kwargs
 from orscale.cbp import summarize_cbp
 from orscale.diagnostics import summarize
+from orscale.distributed.zero_layout import MatrixLayout, Piece, build_layout, zero_group_layout
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
 from orscale.routing import route_parameters
@@ -53,86 +53,6 @@ from orscale.variants import PRESETS
 # Optimizers this client can run under ZeRO-1/2: every one.
 ZERO_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_NAMES
 ROLE = "orscale_role"  # param-group key: "matrix" (whole tensors at owner ranks) or "adamw"
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A contiguous run of matrix `k` inside the partition of rank `rank`."""
-
-    k: int
-    rank: int
-    part_off: int  # offset inside that rank's partition
-    mat_off: int  # offset inside the flattened matrix
-    n: int
-
-
-@dataclass
-class MatrixLayout:
-    """Where every matrix of the Muon group lies across the ZeRO partitions, who owns it, and (for
-    this rank) what travels where. Identical on every rank except the per-rank plans."""
-
-    names: list[str]
-    shapes: list[torch.Size]
-    owner: list[int]
-    pieces: list[list[Piece]]  # per matrix, in flat order
-    rank: int
-    world: int
-
-    def __post_init__(self) -> None:
-        me = self.rank
-        self.owned = [k for k, o in enumerate(self.owner) if o == me]
-        self.slot = {k: i for i, k in enumerate(self.owned)}  # matrix index -> position in `owned`
-        # Pieces this rank holds of matrices it owns (copied locally, never sent).
-        self.kept = [pc for k in self.owned for pc in self.pieces[k] if pc.rank == me]
-        # outgoing[d]: pieces this rank holds of matrices d owns; incoming[s]: pieces s holds of
-        # matrices this rank owns. Both sides list them in the same (matrix, offset) order.
-        self.outgoing = [[] if d == me else
-                         [pc for k, ps in enumerate(self.pieces) if self.owner[k] == d for pc in ps if pc.rank == me]
-                         for d in range(self.world)]
-        self.incoming = [[] if s == me else [pc for k in self.owned for pc in self.pieces[k] if pc.rank == s]
-                         for s in range(self.world)]
-        # The same on every rank, so either all ranks take part in the all_to_all or none does.
-        self.needs_exchange = self.world > 1 and any(pc.rank != self.owner[pc.k] for ps in self.pieces for pc in ps)
-
-
-def build_layout(names: list[str], shapes: list[torch.Size], offsets: list[int], partition_size: int,
-                 rank: int, world: int) -> MatrixLayout:
-    """Cut each matrix [offset, offset + numel) of the flat group at the partition boundaries."""
-    P = partition_size
-    pieces, owner = [], []
-    for k, (shape, off) in enumerate(zip(shapes, offsets)):
-        n = math.prod(shape)
-        ps = []
-        for q in range(off // P, (off + n - 1) // P + 1):
-            lo, hi = max(off, q * P), min(off + n, (q + 1) * P)
-            if hi > lo:
-                ps.append(Piece(k, q, lo - q * P, lo - off, hi - lo))
-        if not ps or ps[-1].rank >= world:
-            raise RuntimeError(f"matrix {names[k]} lies outside the ZeRO flat buffer")
-        pieces.append(ps)
-        owner.append(max(ps, key=lambda pc: (pc.n, -pc.rank)).rank)
-    return MatrixLayout(list(names), list(shapes), owner, pieces, rank, world)
-
-
-def zero_group_layout(zero_opt: Any, gi: int, world: int) -> tuple[Tensor, list[Tensor], list[int], int]:
-    """(flat group buffer, params in flat order, their element offsets in it, partition size)."""
-    if hasattr(zero_opt, "bit16_groups_flat"):  # DeepSpeedZeroOptimizer (ZeRO-1/2)
-        flat, params = zero_opt.bit16_groups_flat[gi], list(zero_opt.bit16_groups[gi])
-        P = int(zero_opt.partition_size[gi])
-    elif hasattr(zero_opt, "bf16_groups_flat"):  # BF16_Optimizer (ZeRO-1, bf16 params, fp32 grad accum)
-        flat, params = zero_opt.bf16_groups_flat[gi], list(zero_opt.bf16_groups[gi])
-        P = flat.numel() // world
-    else:
-        raise TypeError(f"unsupported DeepSpeed optimizer {type(zero_opt).__name__}: expected ZeRO stage 1/2")
-    offsets = []
-    for p in params:  # the params' storage are views into the flat buffer
-        off = (p.data_ptr() - flat.data_ptr()) // p.element_size()
-        if p.dtype != flat.dtype or not 0 <= off <= flat.numel() - p.numel():
-            raise RuntimeError("ZeRO parameter is not a view into its flat group buffer")
-        offsets.append(off)
-    if P * world != flat.numel():
-        raise RuntimeError(f"ZeRO partitions are not equal-sized ({flat.numel()} elements, {world} ranks)")
-    return flat, params, offsets, P
 
 
 class ZeroShardedOptimizer(torch.optim.Optimizer):

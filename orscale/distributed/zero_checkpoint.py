@@ -29,7 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from orscale.distributed.zero import ROLE, MatrixLayout, ZeroShardedOptimizer
+from orscale.distributed.zero import ROLE, ZeroShardedOptimizer
+from orscale.distributed.zero_layout import MatrixLayout
 
 NUMBERS = "orscale_numbers"  # safetensors metadata key: JSON of the non-tensor state values
 
