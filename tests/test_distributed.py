@@ -31,7 +31,7 @@ def final_weights(run_dir) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def assert_close_runs(a, b, rtol=1e-5) -> None:
+def assert_close_runs(a, b, rtol=1e-5, weight_rtol: float | None = None) -> None:
     la, lb = train_losses(a), train_losses(b)
     assert la.keys() == lb.keys()
     for step in la:
@@ -45,7 +45,7 @@ def assert_close_runs(a, b, rtol=1e-5) -> None:
     wa, wb = final_weights(a), final_weights(b)
     for name in wa:
         rel = (wa[name] - wb[name]).norm() / wa[name].norm()
-        assert rel <= rtol, (name, rel.item())
+        assert rel <= (weight_rtol or rtol), (name, rel.item())
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,14 @@ def _single(tmp_path_factory, single_runs, optim: str):
     return single_runs[optim]
 
 
+def _weight_rtol(optim: str) -> float | None:
+    # AdamW divides by √v + ε: on elements whose gradient is near zero (ReLU² rows that barely fire)
+    # the ~1e-7 summation-order noise of a 2-rank reduction becomes a visible step. Measured after 6
+    # steps: worst tensor 1.2e-5 (blocks.0.mlp.up, ZeRO-2 and FSDP2 2 -> 1) on an AVX-512/AMX CPU
+    # (earlier CI machines: under 1e-5), every loss equal to 1e-7. A scaled gradient shows in diag/.
+    return 1e-4 if optim == "adamw" else None
+
+
 @pytest.mark.parametrize("backend, optim", CASES)
 def test_two_ranks_match_one_process(tmp_path_factory, single_runs, optim, backend):
     single = _single(tmp_path_factory, single_runs, optim)
@@ -84,7 +92,7 @@ def test_two_ranks_match_one_process(tmp_path_factory, single_runs, optim, backe
     # blocks.1.mlp.down.mu (a mean of ReLU² outputs: the square doubles the relative noise); with
     # optim.cbp_precondition=false 1e-7 / 4e-6 / 1.3e-5. 2e-4 still catches a wrong transport or
     # an unaveraged mean: a transport that misses ZeRO's master partitions is off by 14x on a bias.
-    assert_close_runs(single, two, rtol=2e-4 if optim.endswith("+center") else 1e-5)
+    assert_close_runs(single, two, rtol=2e-4 if optim.endswith("+center") else 1e-5, weight_rtol=_weight_rtol(optim))
 
 
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
@@ -96,7 +104,7 @@ def test_two_to_one_resume_continues_the_one_process_trajectory(tmp_path_factory
     run_train([f"run.dir={run_dir}", *_optim_args(optim), "parallel.backend=fsdp", *EQUAL, "train.max_steps=3"],
               nproc=2)
     run_train([f"run.dir={run_dir}", *_optim_args(optim), *EQUAL])
-    assert_close_runs(single, run_dir)
+    assert_close_runs(single, run_dir, weight_rtol=_weight_rtol(optim))
 
 
 def test_accelerate_launch_runs_fsdp_on_two_cpu_processes(tmp_path):
