@@ -34,14 +34,13 @@ lr = 0 dry-run step is a no-op.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
-ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
+from orscale.optim_common import ParamsT, call_closure, sums_of_squares
 
 
 def equalization_scales(q: Tensor, s_min: float, s_max: float,
@@ -157,10 +156,7 @@ class CBP(torch.optim.Optimizer):
     # ---------------------------------------------------------------- the step
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = call_closure(closure)
         work = self._active_work()
         self._last_diag = []
         if not work:
@@ -169,7 +165,7 @@ class CBP(torch.optim.Optimizer):
         eq = [g for w, g in zip(work, grads) if w.group["equalize"]]
         sums = None
         if eq:  # host flags only: every rank makes the same decision
-            local = torch.cat([torch.stack(torch._foreach_norm(g)).square() for g in eq])
+            local = torch.cat([sums_of_squares(g) for g in eq])
             sums = self.reduce_block_sums(local)
         row = 0
         for w, g in zip(work, grads):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import torch
 
@@ -91,6 +92,25 @@ class DiagnosticsMixin:
     _last_diag: list[tuple[list[str], torch.Tensor]]
     _cum: list[torch.Tensor]
     param_groups: list[dict]
+
+    def record_step(self, group_index: int, names: list[str], index: Optional[torch.Tensor],
+                    values: list[torch.Tensor], clip: Optional[tuple[float, float]]) -> None:
+        """Append this step's rows for ``names`` (``values``: the STEP_FIELDS before the clip
+        flags, each [n]) and add to the cumulative counters; ``clip`` = (r_min, r_max) of a
+        clipped trust ratio, None without one. ``index``: the rows' positions in the group's
+        counters (None: all of them). Stays on the device."""
+        r_raw = values[0]
+        if clip is None:
+            at_min = at_max = torch.zeros_like(r_raw)
+        else:
+            at_min, at_max = (r_raw <= clip[0]).float(), (r_raw >= clip[1]).float()
+        self._last_diag.append((names, torch.stack([*values, at_min, at_max], dim=1)))
+        inc = torch.stack([torch.ones_like(at_min), at_min, at_max], dim=1)
+        cum = self._cum[group_index]
+        if index is None:
+            cum.add_(inc)
+        else:
+            cum.index_add_(0, index, inc)
 
     def diagnostics(self) -> dict[str, float]:
         """Means per matrix class of the latest step's diagnostics (``diag/<class>/<field>``) and

@@ -24,7 +24,6 @@ checkpoint helper's zero-gradient, lr = 0 dry-run step neither creates nor calib
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -33,14 +32,13 @@ from torch import Tensor
 
 from orscale.diagnostics import DiagnosticsMixin
 from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
+from orscale.optim_common import ParamsT, call_closure, sums_of_squares
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
 # Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
 # matrix's elements (of squares, or of products for ⟨W,Q⟩), so partial sums over shards add up.
 COL_W, COL_G, COL_MHAT, COL_Q, COL_D, COL_WQ = range(6)
 N_COLS = 6
-
-ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
 
 
 @dataclass
@@ -57,12 +55,6 @@ class GroupWork:
 def shape_factor(shape_choice: str, p: Tensor) -> float:
     """s = 1 ('one') or Moonlight's 0.2·√max(m, n) ('moonlight')."""
     return MOONLIGHT_FACTOR * math.sqrt(max(p.shape)) if shape_choice == "moonlight" else 1.0
-
-
-def _sumsq(xs: list[Tensor]) -> Tensor:
-    # _foreach_norm is one fused kernel per dtype/device on GPU; squaring back is exact enough
-    # (fp32 relative error ~1e-7) and keeps the column a sum of squares for all-reduce.
-    return torch.stack(torch._foreach_norm(xs)).square()
 
 
 def _variant(group: dict[str, Any]) -> Variant:
@@ -222,10 +214,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     # ---------------------------------------------------------------- the step
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = call_closure(closure)
         work = self._active_work()
         self._last_diag = []
         self.ns_calls = self.bytes_sent = self.n_collectives = 0
@@ -300,24 +289,24 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
             cols = [zeros] * N_COLS
             if diag or v.denominator != "none":
-                cols[COL_W] = _sumsq(ws)
+                cols[COL_W] = sums_of_squares(ws)
             if diag or v.denominator == "q":
-                cols[COL_Q] = _sumsq(q)
+                cols[COL_Q] = sums_of_squares(q)
             if v.calibration == "lazy" and g["lr"] > 0:
-                cols[COL_G] = _sumsq(self._local_grads(w))  # "has a gradient" test
+                cols[COL_G] = sums_of_squares(self._local_grads(w))  # "has a gradient" test
             if v.denominator in ("momentum", "rms_ratio"):
-                cols[COL_MHAT] = _sumsq(mh)
+                cols[COL_MHAT] = sums_of_squares(mh)
             if v.decay == "coupled":
                 torch._foreach_mul_(q, s)
                 if wd != 0:
                     torch._foreach_add_(q, ws, alpha=wd)
                 if diag or v.denominator == "update":
-                    cols[COL_D] = _sumsq(q)
+                    cols[COL_D] = sums_of_squares(q)
             else:
                 if v.denominator == "update":
                     d = torch._foreach_mul(q, s)
                     torch._foreach_add_(d, ws, alpha=wd)
-                    cols[COL_D] = _sumsq(d)
+                    cols[COL_D] = sums_of_squares(d)
                 if diag:  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
                     cols[COL_WQ] = torch.stack([(a * b).sum() for a, b in zip(ws, q)])
             blocks.append(torch.stack(cols, dim=1))
@@ -390,18 +379,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             sq_upd = (wd * w_n) ** 2 + 2 * wd * r * s * wq + (r * s * q_n) ** 2
             upd = lr * sq_upd.clamp_min(0).sqrt()
         ratio = torch.where(w_n > 0, upd / w_n.clamp_min(1e-30), torch.zeros_like(upd))
-        if v.denominator == "none":
-            at_min = at_max = torch.zeros_like(w_n)
-        else:
-            at_min, at_max = (r_raw <= g["r_min"]).float(), (r_raw >= g["r_max"]).float()
-        self._last_diag.append(
-            (w.names, torch.stack([r_raw, r, w_n, q_n, ratio, c, at_min, at_max], dim=1)))
-        inc = torch.stack([torch.ones_like(at_min), at_min, at_max], dim=1)
-        cum = self._cum[w.group_index]
-        if w.index is None:
-            cum.add_(inc)
-        else:
-            cum.index_add_(0, w.index, inc)
+        clip = None if v.denominator == "none" else (g["r_min"], g["r_max"])
+        self.record_step(w.group_index, w.names, w.index, [r_raw, r, w_n, q_n, ratio, c], clip)
 
     def _calibration(
         self, w: GroupWork, v: Variant, num: Tensor, den: Optional[Tensor], g_n: Tensor,

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
-ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
+from orscale.optim_common import ParamsT, call_closure, sums_of_squares
 
 
 def trust_ratio_param_groups(named_params: Iterable[tuple[str, Tensor]],
@@ -112,10 +112,7 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = call_closure(closure)
         work = self._groups()
         if not work:
             return loss
@@ -142,10 +139,6 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
 
     def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: list[Tensor], r: Tensor) -> None:
         raise NotImplementedError
-
-
-def _sumsq(xs: list[Tensor]) -> Tensor:
-    return torch.stack(torch._foreach_norm(xs)).square()
 
 
 class LAMB(_TrustRatioOptimizer):
@@ -182,7 +175,7 @@ class LAMB(_TrustRatioOptimizer):
         weights = self._fp32(ps)
         if wd != 0:
             torch._foreach_add_(d, weights, alpha=wd)  # d = u + λp
-        cols = torch.stack([_sumsq(weights), _sumsq(d)], dim=1) if group["trust"] else None
+        cols = torch.stack([sums_of_squares(weights), sums_of_squares(d)], dim=1) if group["trust"] else None
         return d, cols
 
     def _trust(self, group: dict[str, Any], norms: Tensor) -> Tensor:
@@ -213,7 +206,7 @@ class LARS(_TrustRatioOptimizer):
             self.state[p]["step"] += 1
         grads = self._fp32(p.grad for p in ps)
         weights = self._fp32(ps)
-        cols = torch.stack([_sumsq(weights), _sumsq(grads)], dim=1) if group["trust"] else None
+        cols = torch.stack([sums_of_squares(weights), sums_of_squares(grads)], dim=1) if group["trust"] else None
         wd = group["weight_decay"]
         d = torch._foreach_add(grads, weights, alpha=wd) if wd != 0 else grads  # g + λp
         return d, cols

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, Layout, OwnerMuonFamily, all_gather_into
-from orscale.muon_family import ParamsT
 from orscale.newton_schulz import resolve_ns_dtype
+from orscale.optim_common import ParamsT
 
 
 class ReplicatedMuonFamily(OwnerMuonFamily):

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from orscale.distributed.owners import (DEFAULT_BUCKET_NUMEL, Layout, OwnerMuonFamily, all_gather_into,
                                         cat_or_empty, row_split)
-from orscale.muon_family import ParamsT
 from orscale.newton_schulz import resolve_ns_dtype
+from orscale.optim_common import ParamsT
 
 
 class ShardedMuonFamily(OwnerMuonFamily):

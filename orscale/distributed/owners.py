@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from orscale.muon_family import GroupWork, MuonFamily, ParamsT
+from orscale.muon_family import GroupWork, MuonFamily
 from orscale.newton_schulz import newton_schulz_many
+from orscale.optim_common import ParamsT
 
 MODES = ("owner", "replicate")
 DEFAULT_BUCKET_NUMEL = 1 << 27  # whole-matrix elements per bucket (512 MB of fp32 M̂)
