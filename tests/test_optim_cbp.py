@@ -1,55 +1,22 @@
-"""CBP (seed 000 Algorithm 1), M2 centring, LARS and LAMB: formulas against independent references.
-
-References here are written from the paper's pseudocode (float64, one tensor at a time), closed
-forms for constant gradients, torch.optim.SGD, and timm's Lamb/Lars when timm is installed.
-"""
+"""CBP (seed 000 Algorithm 1): formulas against an independent reference written from the paper's
+pseudocode (float64, one tensor at a time), closed forms for constant gradients and torch.optim.SGD.
+M2 centring: tests/test_centered_linear.py; LARS and LAMB: tests/test_optim_trust_ratio.py."""
 
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import io
 import math
-import pathlib
-import sys
-import types
 
 import pytest
 import torch
 from torch import nn
 
-from models.centered_linear import CenteredLinear, fold_centered, update_means
 from orscale.cbp import CBP, equalization_scales
-from orscale.trust_ratio import LAMB, LARS, trust_ratio_param_groups
+from orscale.trust_ratio import LAMB, LARS
+from tests.optim_helpers import assert_close_lists, grad_seq, make_params, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SHAPES = [(6, 4), (4,), (5, 6), (5,), (3, 5)]
-
-
-# ----------------------------------------------------------------------------- helpers
-def make_params(seed: int = 0, shapes=SHAPES) -> list[nn.Parameter]:
-    gen = torch.Generator().manual_seed(seed)
-    return [nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
-
-
-def grad_seq(steps: int, seed: int = 1, shapes=SHAPES, spread: float = 3.0) -> list[list[torch.Tensor]]:
-    """Random gradients whose block scales differ by up to e^±spread (so the M1 clip binds)."""
-    gen = torch.Generator().manual_seed(seed)
-    scales = [math.exp(spread * (2 * torch.rand((), generator=gen).item() - 1)) for _ in shapes]
-    return [[k * torch.randn(s, generator=gen) for k, s in zip(scales, shapes)] for _ in range(steps)]
-
-
-def run(opt: torch.optim.Optimizer, params: list[nn.Parameter], grads) -> list[list[torch.Tensor]]:
-    """Apply the gradient sequence; returns the params after each step."""
-    out = []
-    for gs in grads:
-        for p, g in zip(params, gs):
-            p.grad = g.to(p.dtype, copy=True)
-        opt.step()
-        out.append([p.detach().clone() for p in params])
-    return out
 
 
 def ref_cbp(theta, grads, lr, betas=(0.9, 0.999), zeta=1e-3, rho=0.99, s_min=0.1, s_max=4.0,
@@ -85,11 +52,6 @@ def ref_cbp(theta, grads, lr, betas=(0.9, 0.999), zeta=1e-3, rho=0.99, s_min=0.1
         out.append([x.clone() for x in th])
         scales.append(s)
     return out, scales
-
-
-def assert_close_lists(a, b, rtol=2e-5, atol=1e-6):
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x.double(), y.double(), rtol=rtol, atol=atol)
 
 
 # ----------------------------------------------------------------------------- CBP vs Algorithm 1
@@ -316,202 +278,3 @@ def test_named_params_and_diagnostics() -> None:
     assert abs(d["diag/cbp/grad_disparity"] - max(norms) / min(norms)) < 1e-3 * max(norms) / min(norms)
     eq = [a * b for a, b in zip(s, norms)]
     assert abs(d["diag/cbp/eq_disparity"] - max(eq) / min(eq)) < 1e-3 * max(eq) / min(eq)
-
-
-# ----------------------------------------------------------------------------- M2 centring
-def test_centered_linear_mean_update_keeps_function_exact() -> None:
-    torch.manual_seed(0)
-    layer = CenteredLinear(16, 8, rho=0.5)  # fast EMA: a large μ move
-    with torch.no_grad():
-        layer.mu.copy_(torch.rand(16))
-    x = torch.relu(torch.randn(64, 16)) + 3.0  # large, positive mean: the ReLU regime
-    probe = torch.randn(32, 16) * 2 + 1
-    layer.train()
-    mu0 = layer.mu.clone()
-    layer(x).sum().backward()  # records x̄ (training mode, grad enabled)
-    assert torch.equal(layer.mu, mu0)  # forward only records; μ waits for update_mean()
-    with torch.no_grad():  # not recorded
-        y0, b0 = layer(probe), layer.bias.detach().clone()
-    layer.update_mean()
-    with torch.no_grad():
-        y1 = layer(probe)
-    assert (layer.mu - mu0).abs().max() > 0.5 and (layer.bias - b0).abs().max() > 0.1
-    torch.testing.assert_close(layer.mu, 0.5 * mu0 + 0.5 * x.mean(0))
-    assert ((y1 - y0).norm() / y0.norm()).item() < 1e-6
-    folded = layer.fold()
-    assert ((folded(probe) - y1).norm() / y1.norm()).item() < 1e-6
-
-
-def test_centered_linear_compiles_once_and_idles_without_records() -> None:
-    """The row count is a tensor: a compiled forward is not recompiled per micro-batch (it was,
-    guarding on a Python int), and a step with nothing recorded leaves μ and b̃ bit-identical."""
-    import torch._dynamo
-
-    torch.manual_seed(3)
-    layer = CenteredLinear(16, 8)
-    compiled = torch.compile(layer, backend="eager")
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(2):
-            for _ in range(3):  # gradient-accumulation micro-batches
-                compiled(torch.rand(2, 5, 16)).sum().backward()
-            layer.update_mean()
-    assert layer.mu.abs().min() > 0 and int(layer._rows) == 0
-    mu, bias = layer.mu.clone(), layer.bias.detach().clone()
-    layer.average_mean_(lambda t: t)
-    layer.update_mean()  # no training forward since the last update
-    assert torch.equal(layer.mu, mu) and torch.equal(layer.bias, bias)
-
-
-def test_centered_linear_gradient_is_centered() -> None:
-    """Eq. (9): ∂L/∂W = δ·(x − μ)ᵀ."""
-    torch.manual_seed(1)
-    layer = CenteredLinear(5, 3)
-    with torch.no_grad():
-        layer.mu.copy_(torch.randn(5))
-    x, delta = torch.randn(7, 5), torch.randn(7, 3)
-    (layer(x) * delta).sum().backward()
-    torch.testing.assert_close(layer.weight.grad, delta.T @ (x - layer.mu))
-
-
-def test_centered_training_loop_is_continuous_and_ranks_agree() -> None:
-    torch.manual_seed(2)
-    model = nn.Sequential(CenteredLinear(4, 16), nn.ReLU(), CenteredLinear(16, 3))
-    twin = copy.deepcopy(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
-    for _ in range(5):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        with torch.no_grad():
-            before = model(x)
-        update_means(model)
-        with torch.no_grad():
-            torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-6)
-    assert model[2].mu.abs().max() > 0 and "mu" in model[2].state_dict()
-    assert "_sum" not in model[2].state_dict()
-    # Two "ranks" with different batches end with the same μ once the batch means are averaged.
-    xa, xb = torch.randn(8, 4), torch.randn(8, 4) + 1
-    ra, rb = copy.deepcopy(twin), copy.deepcopy(twin)
-    ra(xa), rb(xb)
-    for i in (0, 2):  # stands in for all_reduce(AVG) over the two ranks, layer by layer
-        ma, mb = ra[i]._sum / ra[i]._rows, rb[i]._sum / rb[i]._rows
-        ra[i].average_mean_(lambda t, a=ma, b=mb: t.copy_((a + b) / 2))  # in place
-        rb[i].average_mean_(lambda t, a=ma, b=mb: (a + b) / 2)  # returned
-    update_means(ra)
-    update_means(rb)
-    for i in (0, 2):
-        torch.testing.assert_close(ra[i].mu, rb[i].mu)
-        torch.testing.assert_close(ra[i].bias, rb[i].bias)
-    torch.testing.assert_close(ra[0].mu, 0.01 * (xa.mean(0) + xb.mean(0)) / 2)
-    plain = fold_centered(copy.deepcopy(model))
-    assert not any(isinstance(m, CenteredLinear) for m in plain.modules())
-    torch.testing.assert_close(plain(x), model(x), rtol=1e-5, atol=1e-6)
-
-
-# ----------------------------------------------------------------------------- LAMB / LARS
-def ref_lamb(theta, grads, lr, wd, trust, betas=(0.9, 0.999), eps=1e-6):
-    b1, b2 = betas
-    th = [t.double().clone() for t in theta]
-    m = [torch.zeros_like(t) for t in th]
-    v = [torch.zeros_like(t) for t in th]
-    for t, gs in enumerate(grads, start=1):
-        for i, g in enumerate(gs):
-            g = g.double()
-            m[i] = b1 * m[i] + (1 - b1) * g
-            v[i] = b2 * v[i] + (1 - b2) * g * g
-            u = (m[i] / (1 - b1 ** t)) / ((v[i] / (1 - b2 ** t)).sqrt() + eps)
-            d = u + wd[i] * th[i]
-            wn, dn = th[i].norm(), d.norm()
-            r = wn / dn if trust[i] and wn > 0 and dn > 0 else 1.0
-            th[i] = th[i] - lr * r * d
-    return th
-
-
-def ref_lars(theta, grads, lr, wd, trust, momentum=0.9, eta=1e-3, eps=1e-8):
-    th = [t.double().clone() for t in theta]
-    buf = [torch.zeros_like(t) for t in th]
-    for gs in grads:
-        for i, g in enumerate(gs):
-            g = g.double()
-            wn, gn = th[i].norm(), g.norm()
-            r = eta * wn / (gn + wd[i] * wn + eps) if trust[i] and wn > 0 and gn > 0 else 1.0
-            buf[i] = momentum * buf[i] + r * (g + wd[i] * th[i])
-            th[i] = th[i] - lr * buf[i]
-    return th
-
-
-def _split(params):
-    named = [(f"p{i}", p) for i, p in enumerate(params)]
-    groups = trust_ratio_param_groups(named, weight_decay=0.1)
-    assert [g["trust"] for g in groups] == [True, False]
-    order = [p for g in groups for _, p in g["params"]]
-    return groups, order
-
-
-@pytest.mark.parametrize("cls,lr", [(LAMB, 0.01), (LARS, 2.0)])
-def test_trust_ratio_against_reference(cls, lr) -> None:
-    params = make_params()
-    groups, order = _split(params)
-    theta0 = [p.detach().clone() for p in order]
-    grads = grad_seq(8, shapes=[tuple(p.shape) for p in order])
-    run(cls(groups, lr=lr), order, grads)
-    wd = [0.1 if p.ndim >= 2 else 0.0 for p in order]
-    trust = [p.ndim >= 2 for p in order]
-    ref = (ref_lamb if cls is LAMB else ref_lars)(theta0, grads, lr, wd, trust)
-    assert_close_lists([p.detach() for p in order], ref, rtol=1e-5, atol=1e-6)
-    moved = [((p.detach() - t0).norm() / t0.norm()).item() for p, t0 in zip(order, theta0)]
-    assert min(moved) > 1e-5  # every tensor, trust-ratio or not, was updated
-
-
-def _load_timm():
-    """timm's Lamb/Lars without importing timm/__init__ (which needs torchvision)."""
-    spec = importlib.util.find_spec("timm")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("timm not installed")
-    root = pathlib.Path(list(spec.submodule_search_locations)[0])
-    saved = {k: sys.modules.get(k) for k in ("timm", "timm.optim")}
-    try:
-        for name, path in (("timm", root), ("timm.optim", root / "optim")):
-            mod = types.ModuleType(name)
-            mod.__path__ = [str(path)]
-            sys.modules[name] = mod
-        lamb = importlib.import_module("timm.optim.lamb").Lamb
-        lars = importlib.import_module("timm.optim.lars").Lars
-    finally:
-        for k in [k for k in sys.modules if k == "timm" or k.startswith("timm.")]:
-            del sys.modules[k]
-        sys.modules.update({k: v for k, v in saved.items() if v is not None})
-    return lamb, lars
-
-
-@pytest.mark.parametrize("which", ["lamb", "lars"])
-def test_trust_ratio_against_timm(which: str) -> None:
-    """A small MLP regression trained 15 steps by ours and by timm's implementation."""
-    timm_lamb, timm_lars = _load_timm()
-    torch.manual_seed(4)
-    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
-    twin = copy.deepcopy(model)
-    x, y = torch.randn(64, 6), torch.randn(64, 3)
-    ours_groups = trust_ratio_param_groups(model.named_parameters(), weight_decay=0.05)
-    mats = [p for n, p in twin.named_parameters() if p.ndim >= 2]
-    vecs = [p for n, p in twin.named_parameters() if p.ndim < 2]
-    if which == "lamb":
-        ours = LAMB(ours_groups, lr=0.02)
-        theirs = timm_lamb([dict(params=mats, weight_decay=0.05, always_adapt=True),
-                            dict(params=vecs, weight_decay=0.0)], lr=0.02, max_grad_norm=None)
-    else:
-        ours = LARS(ours_groups, lr=0.3)
-        theirs = timm_lars([dict(params=mats, weight_decay=0.05, always_adapt=True),
-                            dict(params=vecs, weight_decay=0.0)], lr=0.3, momentum=0.9)
-    losses = []
-    for _ in range(15):
-        for net, opt in ((model, ours), (twin, theirs)):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(net(x), y)
-            loss.backward()
-            opt.step()
-        losses.append(loss.item())
-    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
-    assert losses[-1] < losses[0]  # it trained (the comparison is not between frozen models)
