@@ -1,7 +1,7 @@
 """Benchmark (prints, asserts nothing): M1 equalisation of per-layer gradient-block norms at init
 (seed 000 §6.1, Figure 2), next to the paper's numbers.
 
-    OMP_NUM_THREADS=1 python bench/bench_cbp_equalization.py [--seeds 10] [--depth 24] [--width 48]
+    OMP_NUM_THREADS=1 python -m bench.bench_cbp_equalization [--seeds 10] [--depth 24] [--width 48]
 
 Setup as the paper states it: a 24-hidden-layer tanh MLP of width 48 (the width of all its
 synthetic studies) on the six-arm spiral (2-D input, 6 classes, cross-entropy), weights
@@ -20,26 +20,22 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_cbp_spiral import make_spiral, split  # noqa: E402
-from orscale.cbp import equalization_scales  # noqa: E402
+from bench.bench_cbp_spiral import make_spiral, split
+from orscale.cbp import equalization_scales
 
 
-def saturating_tanh_mlp(seed: int, depth: int, width: int, gain: float, bias_std: float,
-                        d_in: int = 2, d_out: int = 6) -> nn.Sequential:
+def saturating_tanh_mlp(
+    seed: int, depth: int, width: int, gain: float, bias_std: float, d_in: int = 2, d_out: int = 6
+) -> nn.Sequential:
     gen = torch.Generator().manual_seed(seed)
     dims = [d_in] + [width] * depth + [d_out]
     layers: list[nn.Module] = []
-    for i, (fi, fo) in enumerate(zip(dims[:-1], dims[1:])):
+    for i, (fi, fo) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
         lin = nn.Linear(fi, fo)
         with torch.no_grad():
             lin.weight.copy_(torch.randn(fo, fi, generator=gen) * gain * math.sqrt(2.0 / (fi + fo)))
@@ -72,10 +68,14 @@ def main() -> None:
     torch.set_num_threads(1)
 
     raw_r, eq_r, profiles, clipped = [], [], [], []
-    print(f"# {args.depth}-hidden-layer tanh MLP, width {args.width}, weights {args.gain}x Xavier, "
-          f"bias std {args.bias_std}; full batch; clip [{args.s_min}, {args.s_max}]")
-    print(f"{'seed':>4s} {'raw max/min':>12s} {'M1 max/min':>11s} {'argmin layer':>12s} "
-          f"{'blocks at s_max':>15s} {'at s_min':>8s}")
+    print(
+        f"# {args.depth}-hidden-layer tanh MLP, width {args.width}, weights {args.gain}x Xavier, "
+        f"bias std {args.bias_std}; full batch; clip [{args.s_min}, {args.s_max}]"
+    )
+    print(
+        f"{'seed':>4s} {'raw max/min':>12s} {'M1 max/min':>11s} {'argmin layer':>12s} "
+        f"{'blocks at s_max':>15s} {'at s_min':>8s}"
+    )
     for seed in range(args.seeds):
         g = block_norms(seed, args)
         _, s = equalization_scales(g.square(), args.s_min, args.s_max)
@@ -84,8 +84,10 @@ def main() -> None:
         eq_r.append((e.max() / e.min()).item())
         profiles.append(g)
         clipped.append(((s >= args.s_max).sum().item(), (s <= args.s_min).sum().item()))
-        print(f"{seed:4d} {raw_r[-1]:12.1f} {eq_r[-1]:11.2f} {int(g.argmin()) + 1:12d} "
-              f"{clipped[-1][0]:15d} {clipped[-1][1]:8d}")
+        print(
+            f"{seed:4d} {raw_r[-1]:12.1f} {eq_r[-1]:11.2f} {int(g.argmin()) + 1:12d} "
+            f"{clipped[-1][0]:15d} {clipped[-1][1]:8d}"
+        )
 
     def ms(v: list[float]) -> str:
         return f"{statistics.mean(v):.1f} ± {statistics.stdev(v):.1f}" if len(v) > 1 else f"{v[0]:.1f}"

@@ -1,7 +1,7 @@
 """Benchmark (prints, asserts nothing): CBP's head-to-head study on the six-arm spiral (seed 000
 §6.3, Table 6) with our optimizers, next to the paper's numbers.
 
-    OMP_NUM_THREADS=1 python bench/bench_cbp_spiral.py [--seeds 10] [--iters 1500] [--batch 64]
+    OMP_NUM_THREADS=1 python -m bench.bench_cbp_spiral [--seeds 10] [--iters 1500] [--batch 64]
         [--lrs 0.001,0.003,0.01,0.03,0.1,0.3] [--arms Adam,...] [--noise 0.30]
         [--select-seeds K]
 
@@ -25,21 +25,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.centered_linear import CenteredLinear, update_means  # noqa: E402
-from orscale.cbp import CBP  # noqa: E402
-from orscale.trust_ratio import LAMB, LARS, trust_ratio_param_groups  # noqa: E402
+from models.centered_linear import CenteredLinear, update_means
+from orscale.cbp import CBP
+from orscale.trust_ratio import LAMB, LARS, trust_ratio_param_groups
 
 GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
 # Table 6: l.r., train loss (mean, sd), test loss, test acc (mean, sd), iters@0.30 (mean, sd).
@@ -60,8 +56,9 @@ PAPER = {
 
 
 # ----------------------------------------------------------------------------- data and model
-def make_spiral(seed: int, n_per_class: int = 500, classes: int = 6, noise: float = 0.30,
-                turns: float = 0.75) -> tuple[torch.Tensor, torch.Tensor]:
+def make_spiral(
+    seed: int, n_per_class: int = 500, classes: int = 6, noise: float = 0.30, turns: float = 0.75
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Noisy K-arm spiral: radius r ~ U(0, 1), angle 2πk/K + 2π·turns·r + noise·N(0, 1)·(radians),
     then standardised to zero mean and unit variance per coordinate. Returns (x [N, 2], y [N])."""
     gen = torch.Generator().manual_seed(10_000 + seed)
@@ -84,13 +81,19 @@ def split(x: torch.Tensor, y: torch.Tensor) -> dict[str, tuple[torch.Tensor, tor
     return {"train": (x[:a], y[:a]), "val": (x[a:b], y[a:b]), "test": (x[b:], y[b:])}
 
 
-def make_mlp(seed: int, centered: bool, hidden: int = 10, width: int = 48, classes: int = 6,
-             act: Callable[[], nn.Module] = nn.ReLU) -> nn.Sequential:
+def make_mlp(
+    seed: int,
+    centered: bool,
+    hidden: int = 10,
+    width: int = 48,
+    classes: int = 6,
+    act: Callable[[], nn.Module] = nn.ReLU,
+) -> nn.Sequential:
     """He-initialised MLP (zero biases); identical weights for the plain and the centred variant."""
     gen = torch.Generator().manual_seed(seed)
     dims = [2] + [width] * hidden + [classes]
     layers: list[nn.Module] = []
-    for i, (fi, fo) in enumerate(zip(dims[:-1], dims[1:])):
+    for i, (fi, fo) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
         lin = nn.Linear(fi, fo)
         with torch.no_grad():
             lin.weight.copy_(torch.randn(fo, fi, generator=gen) * math.sqrt(2.0 / fi))
@@ -104,8 +107,10 @@ def make_mlp(seed: int, centered: bool, hidden: int = 10, width: int = 48, class
 def weight_bias_groups(model: nn.Module) -> list[dict]:
     """M1 blocks: weights equalised among themselves, biases among themselves (c per group)."""
     named = list(model.named_parameters())
-    return [dict(params=[(n, p) for n, p in named if p.ndim >= 2]),
-            dict(params=[(n, p) for n, p in named if p.ndim < 2])]
+    return [
+        dict(params=[(n, p) for n, p in named if p.ndim >= 2]),
+        dict(params=[(n, p) for n, p in named if p.ndim < 2]),
+    ]
 
 
 # arm name -> (centred model?, optimizer factory over the per-seed models). Every optimizer
@@ -126,21 +131,19 @@ def _cbp_groups(models: list[nn.Module]) -> list[dict]:
 OptFactory = Callable[[list[nn.Module], float], torch.optim.Optimizer]
 ARMS: dict[str, tuple[bool, OptFactory]] = {
     "SGD": (False, lambda ms, lr: torch.optim.SGD(_flat(ms), lr=lr, foreach=True)),
-    "SGD+momentum": (False, lambda ms, lr: torch.optim.SGD(_flat(ms), lr=lr, momentum=0.9,
-                                                            foreach=True)),
+    "SGD+momentum": (False, lambda ms, lr: torch.optim.SGD(_flat(ms), lr=lr, momentum=0.9, foreach=True)),
     "Adam": (False, lambda ms, lr: torch.optim.Adam(_flat(ms), lr=lr, foreach=True)),
-    "AdamW": (False, lambda ms, lr: torch.optim.AdamW(_flat(ms), lr=lr, weight_decay=0.01,
-                                                       foreach=True)),
-    "LARS": (False, lambda ms, lr: LARS(trust_ratio_param_groups(_named(ms), 0.0), lr=lr,
-                                        momentum=0.9, trust_coefficient=1e-3)),
+    "AdamW": (False, lambda ms, lr: torch.optim.AdamW(_flat(ms), lr=lr, weight_decay=0.01, foreach=True)),
+    "LARS": (
+        False,
+        lambda ms, lr: LARS(trust_ratio_param_groups(_named(ms), 0.0), lr=lr, momentum=0.9, trust_coefficient=1e-3),
+    ),
     "LAMB": (False, lambda ms, lr: LAMB(trust_ratio_param_groups(_named(ms), 0.01), lr=lr)),
     "Adam+Center": (True, lambda ms, lr: torch.optim.Adam(_flat(ms), lr=lr, foreach=True)),
-    "CBP-M1": (False, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr, betas=(0.0, 0.999),
-                                         precondition=False)),
+    "CBP-M1": (False, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr, betas=(0.0, 0.999), precondition=False)),
     "CBP-M2": (True, lambda ms, lr: torch.optim.SGD(_flat(ms), lr=lr, foreach=True)),
     "CBP-M3": (False, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr, equalize=False)),
-    "CBP-M1M2": (True, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr, betas=(0.0, 0.999),
-                                          precondition=False)),
+    "CBP-M1M2": (True, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr, betas=(0.0, 0.999), precondition=False)),
     "CBP (full)": (True, lambda ms, lr: CBP(_cbp_groups(ms), lr=lr)),
 }
 
@@ -156,7 +159,7 @@ def ensemble_forward(models: list[nn.Sequential], x: torch.Tensor, record: bool)
     batching the seeds is what makes the full protocol fit on one core.
     """
     h = x
-    for layer in zip(*models):
+    for layer in zip(*models, strict=True):
         first = layer[0]
         if isinstance(first, (nn.Linear, CenteredLinear)):
             w = torch.stack([m.weight for m in layer])
@@ -181,17 +184,29 @@ def evaluate(models: list[nn.Sequential], x: torch.Tensor, y: torch.Tensor) -> t
     return loss.mean(1).tolist(), acc.mean(1).tolist()
 
 
-def train_run(arm: str, lr: float, seeds: list[int], data: dict, iters: int, batch: int,
-              threshold: float = 0.30, smooth: float = 0.9) -> list[dict[str, float]]:
+def train_run(
+    arm: str,
+    lr: float,
+    seeds: list[int],
+    data: dict,
+    iters: int,
+    batch: int,
+    threshold: float = 0.30,
+    smooth: float = 0.9,
+) -> list[dict[str, float]]:
     """One arm at one LR for every seed (seed s: its own data, init and minibatch order)."""
     centered, make_opt = ARMS[arm]
     models = [make_mlp(s, centered) for s in seeds]
     opt = make_opt(models, lr)
     xtr, ytr = data["train"]  # [S, N, 2], [S, N]
     S = len(seeds)
-    order = torch.stack([torch.randint(0, ytr.shape[1], (iters, batch),
-                                       generator=torch.Generator().manual_seed(20_000 + s))
-                         for s in seeds], dim=1)  # [iters, S, B]: same order for every arm
+    order = torch.stack(
+        [
+            torch.randint(0, ytr.shape[1], (iters, batch), generator=torch.Generator().manual_seed(20_000 + s))
+            for s in seeds
+        ],
+        dim=1,
+    )  # [iters, S, B]: same order for every arm
     rows = torch.arange(S).unsqueeze(1)
     ema: list[float] = [math.nan] * S
     hit: list[int | None] = [None] * S
@@ -199,8 +214,9 @@ def train_run(arm: str, lr: float, seeds: list[int], data: dict, iters: int, bat
     for it in range(iters):
         idx = order[it]
         logits = ensemble_forward(models, xtr[rows, idx], record=centered)
-        per_seed = F.cross_entropy(logits.flatten(0, 1), ytr[rows, idx].flatten(),
-                                   reduction="none").view(S, batch).mean(1)
+        per_seed = (
+            F.cross_entropy(logits.flatten(0, 1), ytr[rows, idx].flatten(), reduction="none").view(S, batch).mean(1)
+        )
         opt.zero_grad(set_to_none=True)
         per_seed.sum().backward()  # seeds share no parameter: each gets its own mean-loss gradient
         opt.step()
@@ -214,11 +230,13 @@ def train_run(arm: str, lr: float, seeds: list[int], data: dict, iters: int, bat
             ema[s] = val if it == 0 else smooth * ema[s] + (1 - smooth) * val
             if hit[s] is None and ema[s] < threshold:
                 hit[s] = it + 1
-    out = [{"finite": float(f), "iters": float(h if h is not None else iters),
-            "censored": float(h is None)} for f, h in zip(finite, hit)]
+    out = [
+        {"finite": float(f), "iters": float(h if h is not None else iters), "censored": float(h is None)}
+        for f, h in zip(finite, hit, strict=True)
+    ]
     for part in ("train", "val", "test"):
         losses, accs = evaluate(models, *data[part])
-        for o, loss, acc in zip(out, losses, accs):
+        for o, loss, acc in zip(out, losses, accs, strict=True):
             o[f"{part}_loss"], o[f"{part}_acc"] = loss, acc
             if not (math.isfinite(loss) and math.isfinite(acc)):
                 o["finite"] = 0.0
@@ -250,9 +268,13 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=500, help="points per arm (ours): 3000 in all")
     ap.add_argument("--noise", type=float, default=0.30, help="angular noise, radians (ours)")
     ap.add_argument("--lrs", default=",".join(map(str, GRID)))
-    ap.add_argument("--select-seeds", type=int, default=0,
-                    help="reduced protocol: select the LR on the first k seeds, then run only the "
-                         "selected LR on all --seeds (default 0: every LR on every seed)")
+    ap.add_argument(
+        "--select-seeds",
+        type=int,
+        default=0,
+        help="reduced protocol: select the LR on the first k seeds, then run only the "
+        "selected LR on all --seeds (default 0: every LR on every seed)",
+    )
     ap.add_argument("--arms", default=",".join(ARMS))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -261,8 +283,10 @@ def main() -> None:
     seeds = list(range(args.seeds))
     parts = [split(*make_spiral(s, args.per_class, noise=args.noise)) for s in seeds]
     data = {k: tuple(torch.stack([p[k][i] for p in parts]) for i in range(2)) for k in parts[0]}
-    print(f"# spiral: 6 arms x {args.per_class} pts, noise {args.noise}; MLP 10x48 ReLU; "
-          f"batch {args.batch}; {args.iters} iters; seeds {args.seeds}; LR grid {lrs}")
+    print(
+        f"# spiral: 6 arms x {args.per_class} pts, noise {args.noise}; MLP 10x48 ReLU; "
+        f"batch {args.batch}; {args.iters} iters; seeds {args.seeds}; LR grid {lrs}"
+    )
     t0 = time.perf_counter()
     k = min(args.select_seeds or args.seeds, args.seeds)
     sel = {key: tuple(t[:k] for t in val) for key, val in data.items()}
@@ -291,19 +315,24 @@ def main() -> None:
         lr = chosen[arm]
         if lr is None:
             continue
-        results[arm] = {lr: grid[arm][lr] if k == args.seeds else
-                        train_run(arm, lr, seeds, data, args.iters, args.batch)}
+        results[arm] = {
+            lr: grid[arm][lr] if k == args.seeds else train_run(arm, lr, seeds, data, args.iters, args.batch)
+        }
     if k < args.seeds:
         print(f"#   final runs on {args.seeds} seeds done ({time.perf_counter() - t0:7.1f} s)")
 
     def col(arm: str, key: str) -> np.ndarray:
         return np.array([r[key] for r in results[arm][chosen[arm]]])
 
-    print("\n## Selected LR, test split; mean ± sd over seeds; p = paired t-test vs Adam "
-          "(d = Cohen's d of the per-seed differences arm − Adam); the paper's Table 6 after |")
-    hdr = (f"{'method':13s} {'lr':>6s} {'train loss':>14s} {'CI95':>15s} {'test loss':>9s} "
-           f"{'test acc':>14s} {'iters@0.30':>12s} {'CI95':>12s} {'p(loss)':>8s} {'d':>5s} "
-           f"{'p(iters)':>8s} {'d':>5s} | paper: lr, train, test acc, iters")
+    print(
+        "\n## Selected LR, test split; mean ± sd over seeds; p = paired t-test vs Adam "
+        "(d = Cohen's d of the per-seed differences arm − Adam); the paper's Table 6 after |"
+    )
+    hdr = (
+        f"{'method':13s} {'lr':>6s} {'train loss':>14s} {'CI95':>15s} {'test loss':>9s} "
+        f"{'test acc':>14s} {'iters@0.30':>12s} {'CI95':>12s} {'p(loss)':>8s} {'d':>5s} "
+        f"{'p(iters)':>8s} {'d':>5s} | paper: lr, train, test acc, iters"
+    )
     print(hdr)
     for arm in arms:
         if chosen[arm] is None:
@@ -318,15 +347,15 @@ def main() -> None:
             p1, d1 = paired(tl, col("Adam", "train_loss"))
             p2, d2 = paired(it, col("Adam", "iters"))
         pp = PAPER.get(arm)
-        paper = (f"{pp[0]:g}, {pp[1]:.3f}±{pp[2]:.3f}, {pp[4]:.3f}±{pp[5]:.3f}, {pp[6]}±{pp[7]}"
-                 if pp else "")
+        paper = f"{pp[0]:g}, {pp[1]:.3f}±{pp[2]:.3f}, {pp[4]:.3f}±{pp[5]:.3f}, {pp[6]}±{pp[7]}" if pp else ""
         flag = f"*{cens}" if cens else ""
-        print(f"{arm:13s} {chosen[arm]:6g} {tl.mean():6.3f}±{tl.std(ddof=1):.3f} "
-              f"[{lo:.3f},{hi:.3f}] {col(arm, 'test_loss').mean():9.3f} "
-              f"{ta.mean():6.3f}±{ta.std(ddof=1):.3f} {it.mean():6.0f}±{it.std(ddof=1):3.0f}{flag:3s}"
-              f"[{ilo:4.0f},{ihi:4.0f}] {p1:8.2g} {d1:5.1f} {p2:8.2g} {d2:5.1f} | {paper}")
-    print(f"(*n: n seeds never reached 0.30; counted as {args.iters}.)  "
-          f"total {time.perf_counter() - t0:.0f} s")
+        print(
+            f"{arm:13s} {chosen[arm]:6g} {tl.mean():6.3f}±{tl.std(ddof=1):.3f} "
+            f"[{lo:.3f},{hi:.3f}] {col(arm, 'test_loss').mean():9.3f} "
+            f"{ta.mean():6.3f}±{ta.std(ddof=1):.3f} {it.mean():6.0f}±{it.std(ddof=1):3.0f}{flag:3s}"
+            f"[{ilo:4.0f},{ihi:4.0f}] {p1:8.2g} {d1:5.1f} {p2:8.2g} {d2:5.1f} | {paper}"
+        )
+    print(f"(*n: n seeds never reached 0.30; counted as {args.iters}.)  total {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Checkpoint size and save/load time on this machine (one process, CPU), tiny and 125M presets.
 
-    python bench/bench_checkpoint.py [--presets tiny 125m] [--optim orscale_lm]
+    python -m bench.bench_checkpoint [--presets tiny 125m] [--optim orscale_lm]
 
 The optimizer state is made real by one step on random tokens, so momentum, AdamW moments and the
 calibration constants are all in the checkpoint. Prints only.
@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from launch.checkpoint import Checkpointer, ModelAndOptimizers  # noqa: E402
-from launch.distributed import DistEnv  # noqa: E402
-from launch.train_state import TrainState  # noqa: E402
-from models import GPT, get_preset  # noqa: E402
-from orscale import OptimConfig, build_optimizers  # noqa: E402
+from launch.checkpoint import Checkpointer
+from launch.checkpoint.dcp_state import ModelAndOptimizers
+from launch.run.train_state import TrainState
+from launch.runtime.process_group import DistEnv
+from models import GPT, get_preset
+from orscale import OptimConfig, build_optimizers
 
 
 def size_of(path: Path) -> int:
@@ -54,8 +52,10 @@ def main() -> None:
         t0 = time.perf_counter()
         Checkpointer(root, env, [ModelAndOptimizers(fresh, fresh_opts)], parts).load(path)
         load_s = time.perf_counter() - t0
-        print(f"{preset:>5} {args.optim}: {model.num_params() / 1e6:.1f}M params, checkpoint "
-              f"{size_of(path) / 2**20:.1f} MiB, save {save_s:.2f} s, load {load_s:.2f} s")
+        print(
+            f"{preset:>5} {args.optim}: {model.num_params() / 1e6:.1f}M params, checkpoint "
+            f"{size_of(path) / 2**20:.1f} MiB, save {save_s:.2f} s, load {load_s:.2f} s"
+        )
         shutil.rmtree(root)
 
 

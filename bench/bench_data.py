@@ -1,7 +1,7 @@
 """The data path at scale, measured on a local "hub-like" parquet corpus (16 files x several row
 groups of the bundled text, repeated) and its pre-tokenised shards.
 
-    python bench/bench_data.py [--files 16] [--docs-per-file 900] [--row-group 64]
+    python -m bench.bench_data [--files 16] [--docs-per-file 900] [--row-group 64]
 
 Prints, and asserts nothing:
   * read amplification: rows each rank reads ÷ rows its shards train on, at 1, 2 and 4 ranks
@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from data import DataConfig, PackedLoader, build_val_set, load_tokenizer, open_documents
+from data.prepare import prepare
 
-from data import DataConfig, PackedLoader, build_val_set, load_tokenizer, open_documents  # noqa: E402
-from data.prepare import prepare  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CORPUS = ["assets/corpus/fineweb_edu_sample10BT_first150.jsonl", "assets/corpus/fineweb_sample10BT_first300.jsonl"]
 H100_125M_TOKENS_S = 0.5e6
@@ -42,8 +40,9 @@ def make_corpus(out: Path, files: int, docs_per_file: int, row_group: int) -> li
     for k in range(files):
         rows = [texts[(k * docs_per_file + i) % len(texts)] for i in range(docs_per_file)]
         path = out / f"train-{k:05d}.parquet"
-        pq.write_table(pa.table({"text": rows, "id": [f"{k}-{i}" for i in range(docs_per_file)]}), path,
-                       row_group_size=row_group)
+        pq.write_table(
+            pa.table({"text": rows, "id": [f"{k}-{i}" for i in range(docs_per_file)]}), path, row_group_size=row_group
+        )
         paths.append(str(path))
     return paths
 
@@ -63,9 +62,12 @@ def amplification(cfg: DataConfig, tok, steps: int, windows: int) -> None:
                 loader.next_step()
             taken = sum(shard.rows_taken for shard in loader.shards.values())
             ratios.append((docs.rows_read - val_rows) / taken)
-        print(f"read amplification, {world} rank(s): " + ", ".join(f"{r:.3f}" for r in ratios)
-              + f"  (+ the validation set's {val_rows} rows, read once per rank; what is read and not"
-              " yet taken is at most the piece each shard stands in)")
+        print(
+            f"read amplification, {world} rank(s): "
+            + ", ".join(f"{r:.3f}" for r in ratios)
+            + f"  (+ the validation set's {val_rows} rows, read once per rank; what is read and not"
+            " yet taken is at most the piece each shard stands in)"
+        )
 
 
 def resume_cost(cfg: DataConfig, tok, windows: int, repeat: int = 3) -> None:
@@ -86,8 +88,10 @@ def resume_cost(cfg: DataConfig, tok, windows: int, repeat: int = 3) -> None:
             best = min(best, time.perf_counter() - t0)
             fresh.close()
         times[where] = best
-    print(f"resume: first step {times['first'] * 1e3:.0f} ms at the first file, {times['last'] * 1e3:.0f} ms "
-          f"at the last; ratio {times['last'] / times['first']:.2f} (target <= 1.5)")
+    print(
+        f"resume: first step {times['first'] * 1e3:.0f} ms at the first file, {times['last'] * 1e3:.0f} ms "
+        f"at the last; ratio {times['last'] / times['first']:.2f} (target <= 1.5)"
+    )
 
 
 def throughput(cfg: DataConfig, tok, windows: int, steps: int, label: str) -> float:
@@ -116,19 +120,28 @@ def main() -> None:
     torch_threads = os.environ.get("OMP_NUM_THREADS")
     tmp = Path(tempfile.mkdtemp())
     files = make_corpus(tmp, args.files, args.docs_per_file, args.row_group)
-    cfg = DataConfig(source="parquet", data_files=files, seq_len=args.seq_len, val_tokens=16 * args.seq_len,
-                     logical_shards=16, encode_batch_docs=256, tokenizer="assets/tokenizers/gpt2")
+    cfg = DataConfig(
+        source="parquet",
+        data_files=files,
+        seq_len=args.seq_len,
+        val_tokens=16 * args.seq_len,
+        logical_shards=16,
+        encode_batch_docs=256,
+        tokenizer="assets/tokenizers/gpt2",
+    )
     tok = load_tokenizer(cfg.tokenizer)
     docs = open_documents(cfg, tok)
-    print(f"corpus: {args.files} parquet files x {args.docs_per_file} rows, row groups of {args.row_group}: "
-          f"{len(docs)} pieces; OMP_NUM_THREADS={torch_threads}, {os.cpu_count()} cores")
+    print(
+        f"corpus: {args.files} parquet files x {args.docs_per_file} rows, row groups of {args.row_group}: "
+        f"{len(docs)} pieces; OMP_NUM_THREADS={torch_threads}, {os.cpu_count()} cores"
+    )
 
     amplification(cfg, tok, steps=args.amplification_steps, windows=16)
     resume_cost(cfg, tok, windows=16)
 
     texts = [t for t in (json.loads(line)["text"] for f in CORPUS for line in (ROOT / f).read_text().splitlines())]
     t0 = time.perf_counter()
-    raw = sum(len(ids) for i in range(0, len(texts) * 4, 256) for ids in tok.encode_batch((texts * 4)[i:i + 256]))
+    raw = sum(len(ids) for i in range(0, len(texts) * 4, 256) for ids in tok.encode_batch((texts * 4)[i : i + 256]))
     print(f"{'raw encode_batch (the ceiling)':<34} {raw / (time.perf_counter() - t0):>12,.0f} tokens/s")
     throughput(cfg, tok, windows=16, steps=60, label="streaming parquet (1 reader thread)")
     prepare(cfg, tmp / "tokens", workers=2, progress=False)

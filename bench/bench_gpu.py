@@ -1,8 +1,8 @@
 """Training throughput, MFU and peak memory: FSDP2 + bf16 + per-block compile, synthetic tokens.
 
-    torchrun --nproc_per_node=1 bench/bench_gpu.py                       # 125m and 1.1b, adamw and orscale_lm
-    torchrun --nproc_per_node=1 bench/bench_gpu.py --presets 125m --optims orscale_lm --steps 20
-    python bench/bench_gpu.py --device cpu --presets tiny --steps 3        # a smoke test without a GPU
+    torchrun --nproc_per_node=1 -m bench.bench_gpu                       # 125m and 1.1b, adamw and orscale_lm
+    torchrun --nproc_per_node=1 -m bench.bench_gpu --presets 125m --optims orscale_lm --steps 20
+    python -m bench.bench_gpu --device cpu --presets tiny --steps 3        # a smoke test without a GPU
 
 MFU uses the model's training FLOPs per token (6N + attention) against a per-GPU dense bf16 peak.
 Synthetic tokens keep the data pipeline out of the measurement. Prints one line per run; asserts
@@ -14,33 +14,36 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from launch.config import load_config  # noqa: E402
-from launch.distributed import compute_dtype, init_distributed, shutdown  # noqa: E402
-from launch.meter import peak_tflops  # noqa: E402
-from launch.parallelize import build_model  # noqa: E402
-from orscale import build_optimizers  # noqa: E402
-from orscale.schedule import set_lr  # noqa: E402
+from launch.config import load_config
+from launch.engine.parallelize import build_model
+from launch.run.meter import peak_tflops
+from launch.runtime.process_group import compute_dtype, init_distributed, shutdown
+from orscale import build_optimizers
+from orscale.schedule import set_lr
 
 SEQ = {"tiny": 256, "125m": 1024, "399m": 2048, "545m": 4096, "1.1b": 4096}
 
 
-
-
 def run(preset: str, optim: str, args) -> None:
     seq = SEQ[preset]
-    overrides = [f"model.preset={preset}", f"data.seq_len={seq}", f"optim.name={optim}", "parallel.backend=fsdp",
-                 f"parallel.compile={str(args.compile).lower()}", f"parallel.activation_checkpointing={str(args.ac).lower()}",
-                 f"train.device={args.device}", f"train.micro_batch_size={args.micro_batch}",
-                 f"train.tokens_per_step={args.micro_batch * seq}", "data.val_tokens=" + str(seq),
-                 "optim.diagnostics=false"]
+    overrides = [
+        f"model.preset={preset}",
+        f"data.seq_len={seq}",
+        f"optim.name={optim}",
+        "parallel.backend=fsdp",
+        f"parallel.compile={str(args.compile).lower()}",
+        f"parallel.activation_checkpointing={str(args.ac).lower()}",
+        f"train.device={args.device}",
+        f"train.micro_batch_size={args.micro_batch}",
+        f"train.tokens_per_step={args.micro_batch * seq}",
+        "data.val_tokens=" + str(seq),
+        "optim.diagnostics=false",
+    ]
     cfg = load_config(None, overrides)
-    env = init_distributed(cfg)
+    env = init_distributed(cfg.parallel.backend, cfg.train.device)
     from models import get_preset
 
     model_cfg = get_preset(preset)
@@ -74,8 +77,11 @@ def run(preset: str, optim: str, args) -> None:
     mfu = model.flops_per_token(seq) * tok_s / env.world_size / ((peak_tflops(env.device) or float("nan")) * 1e12)
     mem = torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else float("nan")
     if env.is_main:
-        print(f"{preset:>5} {optim:>11}: {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}%, peak memory {mem:.1f} GiB "
-              f"(micro-batch {args.micro_batch} x {seq}, {env.world_size} GPU(s), compile={args.compile})", flush=True)
+        print(
+            f"{preset:>5} {optim:>11}: {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}%, peak memory {mem:.1f} GiB "
+            f"(micro-batch {args.micro_batch} x {seq}, {env.world_size} GPU(s), compile={args.compile})",
+            flush=True,
+        )
 
 
 def main() -> None:

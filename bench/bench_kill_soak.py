@@ -1,7 +1,7 @@
 """Soak: kill -9 a run at random moments (saves included) and re-run the same command, again and
 again; the run must end bit-equal to an uninterrupted one.
 
-    python bench/bench_kill_soak.py [--kills 20] [--steps 40] [--nproc 1] [--backend fsdp] [--seed 0]
+    python -m bench.bench_kill_soak [--kills 20] [--steps 40] [--nproc 1] [--backend fsdp] [--seed 0]
 
 A small model with a checkpoint every 2 steps; each kill hits a random moment between 0.5 s and
 the time a whole run takes, so some land in start-up, some mid-step, some mid-save. Prints how many
@@ -16,15 +16,13 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tests.helpers import env, train_cmd, train_losses
 
-from tests.helpers import env, train_cmd, train_losses  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OVERRIDES = ["optim.name=orscale_lm", "train.ckpt_every=2", "train.eval_every=10"]
 
@@ -55,8 +53,15 @@ def main() -> None:
     run_dir, survived, finished_early, failed = tmp / "killed", 0, 0, False
     cmd = train_cmd([f"run.dir={run_dir}", *common], args.nproc)
     while survived < args.kills and finished_early < 5 * args.kills:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         delay = rng.uniform(0.5, whole)
         try:
             proc.wait(timeout=delay)
@@ -74,9 +79,11 @@ def main() -> None:
     final = run(cmd)
     ok = final.returncode == 0
     equal = ok and train_losses(run_dir) == train_losses(tmp / "straight")
-    print(f"kills survived: {survived} of {args.kills} (plus {finished_early} attempts that reached their end "
-          f"before the kill and were started over); relaunch failures: {int(failed)}; final run "
-          f"rc={final.returncode}; losses bit-equal to the uninterrupted run: {equal}")
+    print(
+        f"kills survived: {survived} of {args.kills} (plus {finished_early} attempts that reached their end "
+        f"before the kill and were started over); relaunch failures: {int(failed)}; final run "
+        f"rc={final.returncode}; losses bit-equal to the uninterrupted run: {equal}"
+    )
     if not ok:
         print(final.stderr[-3000:])
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
 """How far CBP with M2 (`model.center_mlp=true`) on 2 ranks drifts from one process, per backend.
 
-    python bench/bench_m2_drift.py [--no-m3]
+    python -m bench.bench_m2_drift [--no-m3]
 
 The runs of `tests/test_distributed.py` (6 steps, accumulation, vocab 50257): one process, then 2
 ranks under DDP, FSDP2 and ZeRO-2. Prints the three tensors with the largest relative difference
@@ -11,15 +11,13 @@ preconditioner (optim.cbp_precondition=false), whose 1/(√v̂ + ζ) grows reduc
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tests.helpers import run_train, train_losses
+from tests.launch.test_distributed import EQUAL, final_weights
 
-from tests.helpers import run_train, train_losses  # noqa: E402
-from tests.test_distributed import EQUAL, final_weights  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:

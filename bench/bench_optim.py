@@ -1,7 +1,7 @@
 """Benchmark (prints, does not assert): OrScale-LM's overhead over Muon+Moonlight, and its state
 memory against AdamW, at the paper's 125M scale.
 
-    python bench/bench_optim.py [--layers 12] [--reps 1] [--rest-reps 5] [--device cpu]
+    python -m bench.bench_optim [--layers 12] [--reps 1] [--rest-reps 5] [--device cpu]
 
 1. Optimizer step time, orscale_lm ÷ muon_moonlight, on the 125M preset's matrix shapes
    (per layer: qkv 2304×768, out 768×768, up 3072×768, down 768×3072), same Newton–Schulz
@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from orscale import (
+    MuonFamily,
+    OptimConfig,
+    build_optimizers,
+)
 
-from orscale import OptimConfig  # noqa: E402
-from orscale import MuonFamily, build_optimizers  # noqa: E402
-
-SHAPES_125M = {"attn.qkv": (2304, 768), "attn.out": (768, 768), "mlp.up": (3072, 768),
-               "mlp.down": (768, 3072)}
+SHAPES_125M = {"attn.qkv": (2304, 768), "attn.out": (768, 768), "mlp.up": (3072, 768), "mlp.down": (768, 3072)}
 
 
 def make_matrices(layers: int, device: str, seed: int = 0) -> list[tuple[str, nn.Parameter]]:
@@ -70,8 +68,7 @@ def build(args: argparse.Namespace, ns_dtype: str) -> dict[str, MuonFamily]:
     for name in ("muon_moonlight", "orscale_lm"):
         warm = MuonFamily(make_matrices(1, args.device), lr=1e-3, variant=name, ns_dtype=ns_dtype)
         warm.step()  # same shapes as the timed optimizer: warms kernels and allocator
-        opts[name] = MuonFamily(make_matrices(args.layers, args.device), lr=1e-3, variant=name,
-                                ns_dtype=ns_dtype)
+        opts[name] = MuonFamily(make_matrices(args.layers, args.device), lr=1e-3, variant=name, ns_dtype=ns_dtype)
     return opts
 
 
@@ -99,8 +96,9 @@ def state_bytes() -> tuple[int, int, int]:
     total = 0
     for opt in build_optimizers(model, OptimConfig(name="orscale_lm")):
         if isinstance(opt, MuonFamily):
-            total += sum(t.numel() * t.element_size() for st in opt.state.values()
-                         for t in st.values() if torch.is_tensor(t))
+            total += sum(
+                t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t)
+            )
         else:
             total += adamw_bytes(p for g in opt.param_groups for p in g["params"])
     return total, adamw_bytes(model.parameters()), n_params
@@ -113,27 +111,36 @@ def main() -> None:
     ap.add_argument("--rest-reps", type=int, default=5, help="timed NS-free steps per optimizer")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    print(f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"layers={args.layers} reps={args.reps} (125M matrix shapes: "
-          + ", ".join(f"{k} {m}x{n}" for k, (m, n) in SHAPES_125M.items()) + ")")
+    print(
+        f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
+        f"layers={args.layers} reps={args.reps} (125M matrix shapes: "
+        + ", ".join(f"{k} {m}x{n}" for k, (m, n) in SHAPES_125M.items())
+        + ")"
+    )
     extra: dict[bool, float] = {}
     for track in (False, True):
         rest = non_ns_overhead(args, track)
         extra[track] = rest["orscale_lm"] - rest["muon_moonlight"]
-        print(f"step with NS stubbed out, diagnostics {'on ' if track else 'off'} (best of "
-              f"{args.rest_reps}): muon_moonlight {rest['muon_moonlight'] * 1e3:.1f} ms, orscale_lm "
-              f"{rest['orscale_lm'] * 1e3:.1f} ms -> OrScale-LM's extra work {extra[track] * 1e3:+.1f} ms")
+        print(
+            f"step with NS stubbed out, diagnostics {'on ' if track else 'off'} (best of "
+            f"{args.rest_reps}): muon_moonlight {rest['muon_moonlight'] * 1e3:.1f} ms, orscale_lm "
+            f"{rest['orscale_lm'] * 1e3:.1f} ms -> OrScale-LM's extra work {extra[track] * 1e3:+.1f} ms"
+        )
     for ns_dtype in ("fp32", "bf16"):
         t = time_steps(build(args, ns_dtype), args.reps, args.device)
         mm, lm = statistics.median(t["muon_moonlight"]), statistics.median(t["orscale_lm"])
-        print(f"NS {ns_dtype}: full step muon_moonlight {mm * 1e3:.1f} ms, orscale_lm {lm * 1e3:.1f} ms;"
-              f" ratio orscale_lm/muon_moonlight measured {lm / mm:.4f} (noisy on a shared CPU);"
-              f" from the NS-free difference: {1 + extra[True] / mm:.4f} (diagnostics on),"
-              f" {1 + extra[False] / mm:.4f} (off)")
+        print(
+            f"NS {ns_dtype}: full step muon_moonlight {mm * 1e3:.1f} ms, orscale_lm {lm * 1e3:.1f} ms;"
+            f" ratio orscale_lm/muon_moonlight measured {lm / mm:.4f} (noisy on a shared CPU);"
+            f" from the NS-free difference: {1 + extra[True] / mm:.4f} (diagnostics on),"
+            f" {1 + extra[False] / mm:.4f} (off)"
+        )
     lm_b, adamw_b, n = state_bytes()
-    print(f"state bytes, 125M preset ({n / 1e6:.1f}M params, fp32): orscale_lm {lm_b / 2**20:.1f} MiB"
-          f" (+AdamW on embedding/norms), adamw {adamw_b / 2**20:.1f} MiB,"
-          f" ratio orscale_lm/adamw = {lm_b / adamw_b:.4f}")
+    print(
+        f"state bytes, 125M preset ({n / 1e6:.1f}M params, fp32): orscale_lm {lm_b / 2**20:.1f} MiB"
+        f" (+AdamW on embedding/norms), adamw {adamw_b / 2**20:.1f} MiB,"
+        f" ratio orscale_lm/adamw = {lm_b / adamw_b:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark (prints, does not assert): the sharded Muon family on the tiny GPT, 1 vs 2 ranks.
 
-    python bench/bench_sharded.py [--steps 3] [--preset tiny]
+    python -m bench.bench_sharded [--steps 3] [--preset tiny]
 
 Launches itself under torchrun (gloo, CPU) with 1 and then 2 processes. Each run builds
 ``models.get_preset(preset)``, shards it (FSDP2 ``fully_shard`` per block then the root, as
@@ -27,10 +27,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-CONFIGS = [("fsdp", "owner", "bf16"), ("fsdp", "owner", "fp32"), ("fsdp", "replicate", "bf16"),
-           ("ddp", "owner", "bf16"), ("ddp", "replicate", "bf16")]
+CONFIGS = [
+    ("fsdp", "owner", "bf16"),
+    ("fsdp", "owner", "fp32"),
+    ("fsdp", "replicate", "bf16"),
+    ("ddp", "owner", "bf16"),
+    ("ddp", "replicate", "bf16"),
+]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -38,10 +42,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from orscale import OptimConfig
     from models.gpt import GPT
     from models.presets import get_preset
-    from orscale import MuonFamily, build_optimizers, set_lr
+    from orscale import MuonFamily, OptimConfig, build_optimizers, set_lr
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -61,8 +64,7 @@ def worker(args: argparse.Namespace) -> None:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             module = DDP(model)
-        opts = build_optimizers(module, OptimConfig(name="orscale_lm", ns_dtype=ns_dtype),
-                                backend=backend, mode=mode)
+        opts = build_optimizers(module, OptimConfig(name="orscale_lm", ns_dtype=ns_dtype), backend=backend, mode=mode)
         muon = next(o for o in opts if isinstance(o, MuonFamily))
         matrix_bytes = sum(p.numel() * 4 for g in muon.param_groups for p in g["params"])
         n_matrices = sum(len(g["params"]) for g in muon.param_groups)
@@ -71,8 +73,7 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(args.steps):
             idx = torch.randint(0, model.cfg.vocab_size, (2, 64), generator=gen)
             logits = module(idx)
-            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(),
-                                               torch.roll(idx, -1, 1).flatten())
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), torch.roll(idx, -1, 1).flatten())
             loss.backward()
             set_lr(opts, 1e-3)
             dist.barrier()
@@ -84,11 +85,26 @@ def worker(args: argparse.Namespace) -> None:
                     o.step()
                 o.zero_grad(set_to_none=True)
         stats = [None] * world
-        dist.all_gather_object(stats, dict(ns_calls=muon.ns_calls, bytes_sent=muon.bytes_sent,
-                                           collectives=muon.n_collectives,
-                                           step_s=statistics.median(times)))
-        out.append(dict(backend=backend, mode=mode, ns_dtype=ns_dtype, world=world,
-                        n_matrices=n_matrices, matrix_bytes=matrix_bytes, ranks=stats))
+        dist.all_gather_object(
+            stats,
+            dict(
+                ns_calls=muon.ns_calls,
+                bytes_sent=muon.bytes_sent,
+                collectives=muon.n_collectives,
+                step_s=statistics.median(times),
+            ),
+        )
+        out.append(
+            dict(
+                backend=backend,
+                mode=mode,
+                ns_dtype=ns_dtype,
+                world=world,
+                n_matrices=n_matrices,
+                matrix_bytes=matrix_bytes,
+                ranks=stats,
+            )
+        )
     if rank == 0:
         Path(args.json).write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -101,9 +117,20 @@ def launch(nproc: int, args: argparse.Namespace, tmp: Path) -> list[dict]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp / f"bench_sharded_{nproc}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={port}", __file__, "--json", str(out), "--steps", str(args.steps),
-           "--preset", args.preset]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={port}",
+        __file__,
+        "--json",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--preset",
+        args.preset,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -112,22 +139,40 @@ def launch(nproc: int, args: argparse.Namespace, tmp: Path) -> list[dict]:
 
 
 def report(one: list[dict], two: list[dict]) -> None:
-    print(f"tiny GPT: {one[0]['n_matrices']} matrices, "
-          f"{one[0]['matrix_bytes'] / 2**20:.2f} MiB of fp32 matrix parameters")
-    head = ("backend/mode/ns", "NS 1r", "NS 2r (per rank)", "NS ratio", "bytes/rank ÷ mat",
-            "bytes all ranks ÷ mat", "colls", "step 1r", "step 2r")
+    print(
+        f"tiny GPT: {one[0]['n_matrices']} matrices, {one[0]['matrix_bytes'] / 2**20:.2f} MiB of fp32 matrix parameters"
+    )
+    head = (
+        "backend/mode/ns",
+        "NS 1r",
+        "NS 2r (per rank)",
+        "NS ratio",
+        "bytes/rank ÷ mat",
+        "bytes all ranks ÷ mat",
+        "colls",
+        "step 1r",
+        "step 2r",
+    )
     print(" | ".join(head))
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         ns1 = a["ranks"][0]["ns_calls"]
         ns2 = [r["ns_calls"] for r in b["ranks"]]
         sent = [r["bytes_sent"] for r in b["ranks"]]
-        print(" | ".join([
-            f"{b['backend']}/{b['mode']}/{b['ns_dtype']}", str(ns1), str(ns2),
-            f"{max(ns2) / ns1:.2f} (mean {statistics.mean(ns2) / ns1:.2f})",
-            f"{max(sent) / b['matrix_bytes']:.3f}", f"{sum(sent) / b['matrix_bytes']:.3f}",
-            str(b["ranks"][0]["collectives"]),
-            f"{a['ranks'][0]['step_s'] * 1e3:.0f} ms",
-            f"{max(r['step_s'] for r in b['ranks']) * 1e3:.0f} ms"]))
+        print(
+            " | ".join(
+                [
+                    f"{b['backend']}/{b['mode']}/{b['ns_dtype']}",
+                    str(ns1),
+                    str(ns2),
+                    f"{max(ns2) / ns1:.2f} (mean {statistics.mean(ns2) / ns1:.2f})",
+                    f"{max(sent) / b['matrix_bytes']:.3f}",
+                    f"{sum(sent) / b['matrix_bytes']:.3f}",
+                    str(b["ranks"][0]["collectives"]),
+                    f"{a['ranks'][0]['step_s'] * 1e3:.0f} ms",
+                    f"{max(r['step_s'] for r in b['ranks']) * 1e3:.0f} ms",
+                ]
+            )
+        )
 
 
 def main() -> None:

@@ -9,6 +9,18 @@ from data.loader import PackedLoader, build_val_set
 from data.stream import build_catalog, iter_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer
 
-__all__ = ["DataConfig", "DataError", "Documents", "PackedLoader", "TextDocuments", "TextTokenizer",
-           "build_catalog", "build_val_set", "encode_documents", "iter_documents", "load_tokenizer",
-           "open_documents", "read_texts"]
+__all__ = [
+    "DataConfig",
+    "DataError",
+    "Documents",
+    "PackedLoader",
+    "TextDocuments",
+    "TextTokenizer",
+    "build_catalog",
+    "build_val_set",
+    "encode_documents",
+    "iter_documents",
+    "load_tokenizer",
+    "open_documents",
+    "read_texts",
+]

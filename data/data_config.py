@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from data.errors import DataError
 
@@ -15,7 +14,7 @@ class DataConfig:
     # `python -m data.prepare` output directory], or a hub dataset name (e.g.
     # HuggingFaceFW/fineweb-edu: its parquet files). Relative paths resolve against the project root.
     source: str = "auto"
-    subset: Optional[str] = None  # hub config name, e.g. sample-10BT
+    subset: str | None = None  # hub config name, e.g. sample-10BT
     data_files: list[str] = field(default_factory=list)
     split: str = "train"
     text_field: str = "text"
@@ -34,16 +33,23 @@ class DataConfig:
     def __post_init__(self) -> None:
         checks = (
             (self.seq_len >= 2, f"data.seq_len must be >= 2, got {self.seq_len}"),
-            (self.val_tokens >= self.seq_len,
-             f"data.val_tokens ({self.val_tokens}) must be >= data.seq_len ({self.seq_len})"),
-            (self.val_tokens % self.seq_len == 0,
-             f"data.val_tokens ({self.val_tokens}) must be a multiple of data.seq_len ({self.seq_len})"),
+            (
+                self.val_tokens >= self.seq_len,
+                f"data.val_tokens ({self.val_tokens}) must be >= data.seq_len ({self.seq_len})",
+            ),
+            (
+                self.val_tokens % self.seq_len == 0,
+                f"data.val_tokens ({self.val_tokens}) must be a multiple of data.seq_len ({self.seq_len})",
+            ),
             (self.val_batch_size >= 1, f"data.val_batch_size must be >= 1, got {self.val_batch_size}"),
             (self.encode_batch_docs >= 1, f"data.encode_batch_docs must be >= 1, got {self.encode_batch_docs}"),
             (self.logical_shards >= 1, f"data.logical_shards must be >= 1, got {self.logical_shards}"),
             (self.piece_bytes >= 1024, f"data.piece_bytes must be >= 1024, got {self.piece_bytes}"),
             (self.shuffle_buffer >= 0, f"data.shuffle_buffer must be >= 0, got {self.shuffle_buffer}"),
-            (self.prefetch_steps >= 0, f"data.prefetch_steps must be >= 0 (0: no read-ahead), got {self.prefetch_steps}"),
+            (
+                self.prefetch_steps >= 0,
+                f"data.prefetch_steps must be >= 0 (0: no read-ahead), got {self.prefetch_steps}",
+            ),
         )
         for ok, message in checks:
             if not ok:

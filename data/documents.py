@@ -10,12 +10,14 @@ skipped row, so the loader packs identical windows from either.
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Optional, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
 from data.data_config import DataConfig
 from data.errors import first_line
+from data.notices import Notices
 from data.stream import Catalog, build_catalog, read_texts
 from data.tokenizer import TextTokenizer
 
@@ -25,16 +27,17 @@ log = logging.getLogger("orscale.data")
 class Documents(Protocol):
     def __len__(self) -> int: ...  # pieces
 
-    def read(self, piece: int, start_row: int = 0) -> Iterator[Optional[np.ndarray]]: ...
+    def read(self, piece: int, start_row: int = 0) -> Iterator[np.ndarray | None]: ...
 
     def describe(self) -> dict: ...
 
 
-def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[Optional[np.ndarray]]:
+def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[np.ndarray | None]:
     """Each text's ids followed by EOS. A batch the tokenizer rejects (e.g. lone surrogates) is
     retried one document at a time, skipping only the bad ones with a warning."""
+    batches: list[list[int] | None]
     try:
-        batches = tokenizer.encode_batch(texts)
+        batches = list(tokenizer.encode_batch(texts))
     except Exception:
         batches = []
         for text in texts:
@@ -50,19 +53,20 @@ def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[Optiona
 class TextDocuments:
     """Pieces of a text corpus, tokenised in chunks of `data.encode_batch_docs` documents."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Optional[Catalog] = None) -> None:
+    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Catalog | None = None) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.catalog = catalog or build_catalog(cfg)
         self.pieces_opened = self.rows_read = 0  # instrumentation: read amplification (benchmarks, tests)
+        self.notices = Notices(log)  # skipped rows: said once per run, then counted
 
     def __len__(self) -> int:
         return len(self.catalog)
 
-    def read(self, piece: int, start_row: int = 0) -> Iterator[Optional[np.ndarray]]:
+    def read(self, piece: int, start_row: int = 0) -> Iterator[np.ndarray | None]:
         self.pieces_opened += 1
-        texts = read_texts(self.catalog[piece], self.cfg.text_field, start_row)
+        texts = read_texts(self.catalog[piece], self.cfg.text_field, start_row, self.notices)
         while True:
-            chunk = [t for _, t in zip(range(self.cfg.encode_batch_docs), texts)]
+            chunk = [t for _, t in zip(range(self.cfg.encode_batch_docs), texts, strict=False)]
             if not chunk:
                 return
             self.rows_read += len(chunk)
@@ -80,8 +84,11 @@ def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
     that holds a token-shard manifest) or a text corpus."""
     from data.paths import resolve_path
 
-    is_shard_dir = (cfg.source == "auto" and len(cfg.data_files) == 1
-                    and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file())
+    is_shard_dir = (
+        cfg.source == "auto"
+        and len(cfg.data_files) == 1
+        and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file()
+    )
     if cfg.source == "tokens" or is_shard_dir:
         from data.token_shards import TokenDocuments
 

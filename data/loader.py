@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ import torch
 from data.data_config import DataConfig
 from data.documents import Documents
 from data.errors import DataError
+from data.notices import Notices
 from data.shard_stream import ShardStream
 
 log = logging.getLogger("orscale.data")
@@ -57,37 +58,63 @@ def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple
                 idx = np.arange(n_windows)[:, None] * T + np.arange(T + 1)[None, :]
                 return torch.from_numpy(stream[idx]), boundary
     if have == 0:
-        raise DataError(f"the corpus has no documents ({docs.describe()}); check data.data_files and "
-                        "data.text_field")
-    raise DataError(f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
-                    "plus training data; lower data.val_tokens or add data")
+        raise DataError(f"the corpus has no documents ({docs.describe()}); check data.data_files and data.text_field")
+    raise DataError(
+        f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
+        "plus training data; lower data.val_tokens or add data"
+    )
 
 
 class PackedLoader:
     """This rank's windows of each training step, [N/W, T+1] int64, with an exact, elastic state."""
 
-    def __init__(self, cfg: DataConfig, docs: Documents, first: tuple[int, int], windows_per_step: int,
-                 rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        docs: Documents,
+        first: tuple[int, int],
+        windows_per_step: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         S = cfg.logical_shards
         if S % world_size:
-            raise DataError(f"data.logical_shards ({S}) must be a multiple of the world size ({world_size}) "
-                            "so every rank owns the same number of stream shards")
+            raise DataError(
+                f"data.logical_shards ({S}) must be a multiple of the world size ({world_size}) "
+                "so every rank owns the same number of stream shards"
+            )
         if windows_per_step % S:
-            raise DataError(f"a step of {windows_per_step} windows (train.tokens_per_step / data.seq_len) must be a "
-                            f"multiple of data.logical_shards ({S}), so every step draws the same windows at any "
-                            "world size; change one of them")
+            raise DataError(
+                f"a step of {windows_per_step} windows (train.tokens_per_step / data.seq_len) must be a "
+                f"multiple of data.logical_shards ({S}), so every step draws the same windows at any "
+                "world size; change one of them"
+            )
         train_pieces = list(range(first[0], len(docs)))
         if len(train_pieces) < S:
-            raise DataError(f"the training part of the corpus has {len(train_pieces)} pieces, fewer than "
-                            f"data.logical_shards={S}; lower it, lower data.piece_bytes or add data")
+            raise DataError(
+                f"the training part of the corpus has {len(train_pieces)} pieces, fewer than "
+                f"data.logical_shards={S}; lower it, lower data.piece_bytes or add data"
+            )
         self.cfg, self.docs, self.rank, self.world_size = cfg, docs, rank, world_size
         self.width, self.per_shard = cfg.seq_len + 1, windows_per_step // S
         self.owned = [s for s in range(S) if s % world_size == rank]
-        self.shards = {s: ShardStream(s, [p for p in train_pieces if (p - first[0]) % S == s], docs, first,
-                                      cfg.shuffle, cfg.shuffle_buffer, cfg.seed) for s in self.owned}
+        notices = Notices(log)
+        self.shards = {
+            s: ShardStream(
+                s,
+                [p for p in train_pieces if (p - first[0]) % S == s],
+                docs,
+                first,
+                cfg.shuffle,
+                cfg.shuffle_buffer,
+                cfg.seed,
+                notices,
+            )
+            for s in self.owned
+        }
         self._consumed = self._snapshot()  # the state of what the trainer has taken so far
-        self._queue: Optional[queue.Queue] = None
-        self._thread: Optional[threading.Thread] = None
+        self._queue: queue.Queue = queue.Queue(maxsize=max(cfg.prefetch_steps, 1))
+        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.wait_s = 0.0  # time next_step() spent waiting for the reader since `take_wait_s()`
 

@@ -16,7 +16,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import yaml
@@ -58,13 +58,19 @@ def prepare_file(cfg_fields: dict[str, Any], k: int, corpus_file: CorpusFile, ou
     with open(out_dir / (offsets_name + ".tmp"), "wb") as fh:
         np.save(fh, np.asarray(offsets, dtype=np.int64))
     os.replace(out_dir / (offsets_name + ".tmp"), out_dir / offsets_name)
-    entry = {"source": corpus_file.path, "tokens": tokens_name, "offsets": offsets_name, "pieces": pieces,
-             "documents": len(offsets) - 1, "tokens_count": offsets[-1]}
+    entry = {
+        "source": corpus_file.path,
+        "tokens": tokens_name,
+        "offsets": offsets_name,
+        "pieces": pieces,
+        "documents": len(offsets) - 1,
+        "tokens_count": offsets[-1],
+    }
     _write_atomic(out_dir / f"{k:05d}.json", json.dumps(entry).encode())
     return entry
 
 
-def _done_entry(out: Path, k: int, corpus_file: CorpusFile) -> Optional[dict[str, Any]]:
+def _done_entry(out: Path, k: int, corpus_file: CorpusFile) -> dict[str, Any] | None:
     path = out / f"{k:05d}.json"
     if not path.is_file():
         return None
@@ -81,8 +87,14 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True)
         raise DataError("data.source=tokens is already tokenised; give the config of the text corpus")
     tokenizer = load_tokenizer(cfg.tokenizer)
     catalog = build_catalog(cfg)
-    source = {"source": cfg.source, "subset": cfg.subset, "split": cfg.split, "text_field": cfg.text_field,
-              "piece_bytes": cfg.piece_bytes, "files": [f.path for f in catalog.files]}
+    source = {
+        "source": cfg.source,
+        "subset": cfg.subset,
+        "split": cfg.split,
+        "text_field": cfg.text_field,
+        "piece_bytes": cfg.piece_bytes,
+        "files": [f.path for f in catalog.files],
+    }
     tok = {**tokenizer.describe(), "fingerprint": tokenizer.fingerprint()}
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "prepare.json"  # what this directory is being filled with: refuse to mix
@@ -113,14 +125,20 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True)
                 bar.update(1)
     bar.close()
     files = [entries[k] for k in range(len(catalog.files))]
-    manifest = {"format": FORMAT, "tokenizer": tok, "source": source, "dtype": token_dtype(tokenizer.vocab_size).name,
-                "files": files, "documents": sum(e["documents"] for e in files),
-                "tokens": sum(e["tokens_count"] for e in files)}
+    manifest = {
+        "format": FORMAT,
+        "tokenizer": tok,
+        "source": source,
+        "dtype": token_dtype(tokenizer.vocab_size).name,
+        "files": files,
+        "documents": sum(e["documents"] for e in files),
+        "tokens": sum(e["tokens_count"] for e in files),
+    }
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
 
-def _data_config(path: Optional[str], overrides: list[str]) -> DataConfig:
+def _data_config(path: str | None, overrides: list[str]) -> DataConfig:
     """The `data:` section of a run config file, with `data.key=value` overrides."""
     section: dict[str, Any] = {}
     if path is not None:
@@ -131,14 +149,14 @@ def _data_config(path: Optional[str], overrides: list[str]) -> DataConfig:
         key, sep, raw = item.partition("=")
         if not sep or not key.startswith("data."):
             raise DataError(f"override '{item}' must look like data.key=value")
-        section[key[len("data."):]] = yaml.safe_load(raw) if raw else ""
+        section[key[len("data.") :]] = yaml.safe_load(raw) if raw else ""
     try:
         return DataConfig(**section)
     except TypeError as err:
         raise DataError(f"the data section has an unknown key: {err}") from None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a run config whose data: section names the corpus")
     parser.add_argument("--out", required=True, help="output directory (created; resumable)")
@@ -147,13 +165,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("overrides", nargs="*", help="data.key=value")
     args = parser.parse_args(argv)
     try:
-        manifest = prepare(_data_config(args.config, args.overrides), Path(args.out), args.workers,
-                           progress=not args.no_progress)
+        manifest = prepare(
+            _data_config(args.config, args.overrides), Path(args.out), args.workers, progress=not args.no_progress
+        )
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {manifest['documents']} documents, {manifest['tokens']} tokens "
-          f"({manifest['dtype']}) in {len(manifest['files'])} shards to {args.out}")
+    print(
+        f"wrote {manifest['documents']} documents, {manifest['tokens']} tokens "
+        f"({manifest['dtype']}) in {len(manifest['files'])} shards to {args.out}"
+    )
     return 0
 
 

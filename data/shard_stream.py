@@ -14,23 +14,35 @@ piece and row (`Documents.read(piece, row)`), so a resume never re-reads what ca
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from data.documents import Documents
 from data.errors import DataError
+from data.notices import Notices
 
 log = logging.getLogger("orscale.data")
 
-_END = object()
+_END: Any = object()  # end of a piece's rows (a row itself may be None: skipped)
 
 
 class ShardStream:
-    def __init__(self, shard: int, pieces: list[int], docs: Documents, first: tuple[int, int],
-                 shuffle: bool, buffer_size: int, seed: int) -> None:
+    def __init__(
+        self,
+        shard: int,
+        pieces: list[int],
+        docs: Documents,
+        first: tuple[int, int],
+        shuffle: bool,
+        buffer_size: int,
+        seed: int,
+        notices: Notices | None = None,
+    ) -> None:
         self.shard, self.pieces, self.docs = shard, pieces, docs
+        self.notices = notices or Notices(log)  # shared by a loader's shards: one wrap-around line per epoch
         self.first_piece, self.first_row = first  # the validation set ends at (piece, row)
         self.shuffle, self.buffer_size, self.seed = shuffle, buffer_size if shuffle else 0, seed
         # ---- state
@@ -39,8 +51,8 @@ class ShardStream:
         self.pool: list[np.ndarray] = []
         self.rng = np.random.default_rng([seed, shard])
         # ---- derived (rebuilt on load)
-        self._order: Optional[list[int]] = None
-        self._reader: Optional[Iterator[Optional[np.ndarray]]] = None
+        self._order: list[int] | None = None
+        self._reader: Iterator[np.ndarray | None] | None = None
         self._docs_this_epoch = 0
         self._whole_epoch = True  # this process reads the current epoch from its start
         self.rows_taken = 0  # instrumentation: rows this process took from its pieces
@@ -60,11 +72,19 @@ class ShardStream:
                     self._order = self.order(self.epoch)
                 if self.cursor >= len(self._order):
                     if self._docs_this_epoch == 0 and self._whole_epoch:
-                        raise DataError(f"logical shard {self.shard} has no documents in its pieces "
-                                        f"{self.pieces[:4]}...; lower data.logical_shards or add data")
+                        raise DataError(
+                            f"logical shard {self.shard} has no documents in its pieces "
+                            f"{self.pieces[:4]}...; lower data.logical_shards or add data"
+                        )
                     self.epoch, self.cursor, self.row = self.epoch + 1, 0, -1
                     self._order, self._docs_this_epoch, self._whole_epoch = None, 0, True
-                    log.info("data: logical shard %d wrapped around; epoch %d begins", self.shard, self.epoch)
+                    self.notices(
+                        f"data: logical shards wrapped around to epoch {self.epoch}",
+                        "data: logical shard %d wrapped around; epoch %d begins (the run sees its training data again)",
+                        self.shard,
+                        self.epoch,
+                        level=logging.INFO,
+                    )
                     continue
                 piece = self._order[self.cursor]
                 if self.row < 0:
@@ -101,20 +121,29 @@ class ShardStream:
                 have += len(doc)
             self.tokens = np.concatenate(parts)
         window = self.tokens[:width]
-        self.tokens = self.tokens[width - 1:]
+        self.tokens = self.tokens[width - 1 :]
         return window
 
     # ---------------------------------------------------------------- state
     def snapshot(self) -> dict[str, Any]:
         """The state as plain values (arrays are never modified in place, so sharing them is safe)."""
-        return {"epoch": self.epoch, "cursor": self.cursor, "row": self.row, "tokens": self.tokens.copy(),
-                "pool": list(self.pool), "rng": self.rng.bit_generator.state}
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "row": self.row,
+            "tokens": self.tokens.copy(),
+            "pool": list(self.pool),
+            "rng": self.rng.bit_generator.state,
+        }
 
     @staticmethod
     def to_saved(snap: dict[str, Any]) -> dict[str, Any]:
         """A snapshot as a checkpoint holds it (tensors; loads with weights_only=True)."""
-        return {**snap, "tokens": torch.from_numpy(snap["tokens"].astype(np.int32)),
-                "pool": [torch.from_numpy(d) for d in snap["pool"]]}
+        return {
+            **snap,
+            "tokens": torch.from_numpy(snap["tokens"].astype(np.int32)),
+            "pool": [torch.from_numpy(d) for d in snap["pool"]],
+        }
 
     def load(self, saved: dict[str, Any]) -> None:
         self.epoch, self.cursor, self.row = int(saved["epoch"]), int(saved["cursor"]), int(saved["row"])

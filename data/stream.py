@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import bisect
 import bz2
+import contextlib
 import gzip
 import json
-import lzma
 import logging
+import lzma
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any
 
 from data.data_config import DataConfig
 from data.errors import DataError, first_line
+from data.notices import Notices
 from data.paths import resolve_path
 
 log = logging.getLogger("orscale.data")
@@ -79,15 +82,19 @@ def _hub_files(cfg: DataConfig) -> list[str]:
         builder = load_dataset_builder(cfg.source, name=cfg.subset)
         files = [str(f) for f in builder.config.data_files[cfg.split]]
     except Exception as err:
-        raise DataError(f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
-                        "offline, use data.source=json or parquet with data.data_files") from None
+        raise DataError(
+            f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
+            "offline, use data.source=json or parquet with data.data_files"
+        ) from None
     if not files or not all(f.endswith(".parquet") for f in files):
-        raise DataError(f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
-                        "only parquet hub datasets can be read by row group")
+        raise DataError(
+            f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
+            "only parquet hub datasets can be read by row group"
+        )
     return files
 
 
-def compression(path: str) -> Optional[str]:
+def compression(path: str) -> str | None:
     """The compression suffix of `path` (".gz", ...), or None."""
     return next((s for s in _COMPRESSED if path.endswith(s)), None)
 
@@ -108,25 +115,33 @@ def _open_text_stream(path: str):
         try:
             import zstandard
         except ImportError:
-            raise DataError(f"data file '{path}' is zstd-compressed: pip install zstandard (or decompress it)") from None
+            raise DataError(
+                f"data file '{path}' is zstd-compressed: pip install zstandard (or decompress it)"
+            ) from None
         import io
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(_open(path)))
-    return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[kind](_open(path))
+    openers: dict[str | None, Any] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+    return openers[kind](_open(path))
 
 
-def _parquet_file(path: str):
+@contextlib.contextmanager
+def _parquet_file(path: str) -> Iterator[Any]:
+    """A `pyarrow.parquet.ParquetFile` over a handle that is closed when the block ends."""
     import pyarrow.parquet as pq
 
-    try:
-        return pq.ParquetFile(_open(path))
-    except Exception as err:
-        raise DataError(f"data file '{path}' is not a readable parquet file: {first_line(err)}") from None
+    with _open(path) as fh:
+        try:
+            pf = pq.ParquetFile(fh)
+        except Exception as err:
+            raise DataError(f"data file '{path}' is not a readable parquet file: {first_line(err)}") from None
+        yield pf
 
 
 def describe_file(path: str, kind: str, piece_bytes: int) -> CorpusFile:
     if kind == "parquet":
-        return CorpusFile(path, kind, _parquet_file(path).metadata.num_row_groups, 0)
+        with _parquet_file(path) as pf:
+            return CorpusFile(path, kind, pf.metadata.num_row_groups, 0)
     size = os.path.getsize(path)
     if compression(path):
         return CorpusFile(path, kind, 1, size)  # one piece: the whole stream
@@ -165,20 +180,24 @@ def file_format(path: str, source: str) -> str:
     """`json` or `parquet` for a local file: `data.source` when set, else from the extension; a
     file whose extension says otherwise than `data.source` is a one-line error."""
     packed = compression(path)
-    name = path[:-len(packed)] if packed else path
-    suffix = next((s for s in _EXTENSIONS if name.endswith(s)), None)
-    guessed = _EXTENSIONS.get(suffix)
+    name = path[: -len(packed)] if packed else path
+    guessed = next((kind for s, kind in _EXTENSIONS.items() if name.endswith(s)), None)
     if packed and (guessed == "parquet" or source == "parquet"):
-        raise DataError(f"data file '{path}' is a compressed parquet file: parquet compresses its own pages; "
-                        "decompress the file")
+        raise DataError(
+            f"data file '{path}' is a compressed parquet file: parquet compresses its own pages; decompress the file"
+        )
     if source == "auto":
         if guessed is None:
-            raise DataError(f"cannot tell the format of data file '{path}' from its name; set data.source=json "
-                            "(JSON Lines) or data.source=parquet")
+            raise DataError(
+                f"cannot tell the format of data file '{path}' from its name; set data.source=json "
+                "(JSON Lines) or data.source=parquet"
+            )
         return guessed
     if guessed is not None and guessed != source:
-        raise DataError(f"data file '{path}' looks like {guessed} but data.source={source}; set "
-                        f"data.source={guessed} (or auto, to go by the file names)")
+        raise DataError(
+            f"data file '{path}' looks like {guessed} but data.source={source}; set "
+            f"data.source={guessed} (or auto, to go by the file names)"
+        )
     return source
 
 
@@ -215,38 +234,49 @@ def _decode_json(line: bytes, piece: Piece, row: int, text_field: str) -> object
     try:
         record = json.loads(line)
     except (UnicodeDecodeError, ValueError) as err:
-        raise DataError(f"data file '{piece.path}' could not be decoded near byte {piece.start} (row {row} of piece "
-                        f"{piece.unit}): {first_line(err)}; fix or remove that line") from None
+        raise DataError(
+            f"data file '{piece.path}' could not be decoded near byte {piece.start} (row {row} of piece "
+            f"{piece.unit}): {first_line(err)}; fix or remove that line"
+        ) from None
     if not isinstance(record, dict):
         raise DataError(f"data file '{piece.path}' row {row} of piece {piece.unit} is not a JSON object")
     if text_field not in record:
-        raise DataError(f"data file '{piece.path}' has no field '{text_field}' (fields: {', '.join(record)}); "
-                        "set data.text_field")
+        raise DataError(
+            f"data file '{piece.path}' has no field '{text_field}' (fields: {', '.join(record)}); set data.text_field"
+        )
     return record[text_field]
 
 
 def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
-    pf = _parquet_file(piece.path)
-    if text_field not in pf.schema_arrow.names:
-        raise DataError(f"data file '{piece.path}' has no field '{text_field}' "
-                        f"(fields: {', '.join(pf.schema_arrow.names)}); set data.text_field")
-    skipped = 0
-    try:
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[piece.unit], columns=[text_field]):
-            if skipped + batch.num_rows <= start_row:  # a resume seeks by whole batches
+    with _parquet_file(piece.path) as pf:  # closed when the rows are read (or the reader is dropped)
+        if text_field not in pf.schema_arrow.names:
+            raise DataError(
+                f"data file '{piece.path}' has no field '{text_field}' "
+                f"(fields: {', '.join(pf.schema_arrow.names)}); set data.text_field"
+            )
+        skipped = 0
+        try:
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[piece.unit], columns=[text_field]):
+                if skipped + batch.num_rows <= start_row:  # a resume seeks by whole batches
+                    skipped += batch.num_rows
+                    continue
+                yield from batch.column(0).to_pylist()[max(0, start_row - skipped) :]
                 skipped += batch.num_rows
-                continue
-            yield from batch.column(0).to_pylist()[max(0, start_row - skipped):]
-            skipped += batch.num_rows
-    except DataError:
-        raise
-    except Exception as err:
-        raise DataError(f"data file '{piece.path}' row group {piece.unit} could not be read: {first_line(err)}") from None
+        except DataError:
+            raise
+        except Exception as err:
+            raise DataError(
+                f"data file '{piece.path}' row group {piece.unit} could not be read: {first_line(err)}"
+            ) from None
 
 
-def read_texts(piece: Piece, text_field: str, start_row: int = 0) -> Iterator[Optional[str]]:
+def read_texts(
+    piece: Piece, text_field: str, start_row: int = 0, notices: Notices | None = None
+) -> Iterator[str | None]:
     """The documents of `piece` from row `start_row` on, one per row: the text, or None for a row
-    that is empty or not text (skipped with a warning, but it keeps its row number)."""
+    that is empty or not text (skipped with a warning, said once per `notices` and then counted,
+    but it keeps its row number)."""
+    notices = notices or Notices(log)
     if piece.kind == "parquet":
         values = _parquet_rows(piece, text_field, start_row)
     else:
@@ -259,17 +289,22 @@ def read_texts(piece: Piece, text_field: str, start_row: int = 0) -> Iterator[Op
         if isinstance(text, str) and text.strip():
             yield text
         else:
-            log.warning("data: skipping empty or non-text document (piece %d, row %d)", piece.index, row)
+            notices(
+                "data: skipped empty or non-text documents",
+                "data: skipping empty or non-text document (piece %d, row %d)",
+                piece.index,
+                row,
+            )
             yield None
 
 
-def iter_documents(cfg: DataConfig, catalog: Optional[Catalog] = None) -> Iterator[tuple[int, str]]:
+def iter_documents(cfg: DataConfig, catalog: Catalog | None = None) -> Iterator[tuple[int, str]]:
     """(index, text) for every document of the corpus in published order; skipped rows keep their
     index. For inspection and tests: training reads pieces through the loader."""
     catalog = catalog or build_catalog(cfg)
-    index = 0
+    index, notices = 0, Notices(log)
     for i in range(len(catalog)):
-        for text in read_texts(catalog[i], cfg.text_field):
+        for text in read_texts(catalog[i], cfg.text_field, notices=notices):
             if text is not None:
                 yield index, text
             index += 1

@@ -14,8 +14,9 @@ same way on either source and give the same windows.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,16 +40,20 @@ def shard_names(k: int) -> tuple[str, str]:
 def read_manifest(directory: Path) -> dict[str, Any]:
     path = directory / MANIFEST
     if not path.is_file():
-        raise DataError(f"'{directory}' holds no {MANIFEST}; write token shards with "
-                        "python -m data.prepare --config CONFIG --out DIR")
+        raise DataError(
+            f"'{directory}' holds no {MANIFEST}; write token shards with "
+            "python -m data.prepare --config CONFIG --out DIR"
+        )
     try:
         manifest = json.loads(path.read_text())
         assert manifest["format"] == FORMAT and isinstance(manifest["files"], list)
         for entry in manifest["files"]:
             assert {"tokens", "offsets", "pieces"} <= set(entry)
     except (ValueError, KeyError, TypeError, AssertionError) as err:
-        raise DataError(f"token shard manifest '{path}' is not valid ({first_line(err) or 'missing fields'}); "
-                        "write it again with python -m data.prepare") from None
+        raise DataError(
+            f"token shard manifest '{path}' is not valid ({first_line(err) or 'missing fields'}); "
+            "write it again with python -m data.prepare"
+        ) from None
     return manifest
 
 
@@ -65,19 +70,24 @@ class TokenDocuments:
             tokens_path, offsets_path = directory / entry["tokens"], directory / entry["offsets"]
             for path in (tokens_path, offsets_path):
                 if not path.is_file():
-                    raise DataError(f"token shard file '{path}' is missing; write the shards again with "
-                                    "python -m data.prepare (it resumes)")
+                    raise DataError(
+                        f"token shard file '{path}' is missing; write the shards again with "
+                        "python -m data.prepare (it resumes)"
+                    )
             try:
                 offsets = np.load(offsets_path, mmap_mode="r")
             except (ValueError, OSError) as err:
                 raise DataError(f"token shard index '{offsets_path}' is unreadable: {first_line(err)}") from None
             expected = int(offsets[-1]) * self.dtype.itemsize if len(offsets) else 0
             if tokens_path.stat().st_size != expected or len(offsets) != sum(entry["pieces"]) + 1:
-                raise DataError(f"token shard '{tokens_path}' is truncated or does not match its index "
-                                f"({tokens_path.stat().st_size} bytes, expected {expected}); write it again "
-                                "with python -m data.prepare")
-            self._tokens.append(np.memmap(tokens_path, dtype=self.dtype, mode="r") if expected else
-                                np.zeros(0, dtype=self.dtype))
+                raise DataError(
+                    f"token shard '{tokens_path}' is truncated or does not match its index "
+                    f"({tokens_path.stat().st_size} bytes, expected {expected}); write it again "
+                    "with python -m data.prepare"
+                )
+            self._tokens.append(
+                np.memmap(tokens_path, dtype=self.dtype, mode="r") if expected else np.zeros(0, dtype=self.dtype)
+            )
             self._offsets.append(offsets)
             row = 0
             for rows in entry["pieces"]:
@@ -86,29 +96,36 @@ class TokenDocuments:
         self.pieces_opened = 0
 
     @classmethod
-    def open(cls, cfg: DataConfig, tokenizer: TextTokenizer) -> "TokenDocuments":
+    def open(cls, cfg: DataConfig, tokenizer: TextTokenizer) -> TokenDocuments:
         if len(cfg.data_files) != 1:
             raise DataError("data.source=tokens needs data.data_files = [the directory python -m data.prepare wrote]")
         directory = resolve_path(cfg.data_files[0])
         manifest = read_manifest(directory)
         want, have = tokenizer.fingerprint(), manifest.get("tokenizer", {}).get("fingerprint")
         if want != have:
-            raise DataError(f"token shards in '{directory}' were written with another tokenizer (fingerprint {have}, "
-                            f"{manifest.get('tokenizer', {}).get('name')}) than data.tokenizer={cfg.tokenizer} "
-                            f"({want}); use that tokenizer or prepare the shards again")
+            raise DataError(
+                f"token shards in '{directory}' were written with another tokenizer (fingerprint {have}, "
+                f"{manifest.get('tokenizer', {}).get('name')}) than data.tokenizer={cfg.tokenizer} "
+                f"({want}); use that tokenizer or prepare the shards again"
+            )
         return cls(directory, manifest)
 
     def __len__(self) -> int:
         return len(self._pieces)
 
-    def read(self, piece: int, start_row: int = 0) -> Iterator[Optional[np.ndarray]]:
+    def read(self, piece: int, start_row: int = 0) -> Iterator[np.ndarray | None]:
         self.pieces_opened += 1
         k, first, end = self._pieces[piece]
         tokens, offsets = self._tokens[k], self._offsets[k]
-        bounds = np.asarray(offsets[first + start_row:end + 1])
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        bounds = np.asarray(offsets[first + start_row : end + 1])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             yield np.array(tokens[a:b], dtype=np.int32) if b > a else None
 
     def describe(self) -> dict:
-        return {"source": "tokens", "directory": str(self.directory), "pieces": len(self),
-                "documents": self.manifest.get("documents"), "tokens": self.manifest.get("tokens")}
+        return {
+            "source": "tokens",
+            "directory": str(self.directory),
+            "pieces": len(self),
+            "documents": self.manifest.get("documents"),
+            "tokens": self.manifest.get("tokens"),
+        }

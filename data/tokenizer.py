@@ -90,7 +90,9 @@ def load_tokenizer(spec: str) -> TextTokenizer:
         return _from_tokenizer_json(path, spec)
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith((".json", ".model"))
     if looks_like_path:
-        raise DataError(f"tokenizer '{spec}' not found (give a directory with tokenizer.json, a .model file, or a hub name)")
+        raise DataError(
+            f"tokenizer '{spec}' not found (give a directory with tokenizer.json, a .model file, or a hub name)"
+        )
     from tokenizers import Tokenizer
 
     try:

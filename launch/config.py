@@ -18,32 +18,16 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
 from data.data_config import DataConfig
-from data.errors import DataError
-from models.hf_mapping import ExportError
-from models.presets import ModelConfig, ModelConfigError
+from launch.errors import SECTION_ERRORS, ConfigError
+from launch.nested import deep_merge, load_yaml, set_dotted
+from models.presets import ModelConfig
 from orscale.distributed.owners import MODES
-from orscale.optim_config import OptimConfig, OptimConfigError
-
-
-class UserError(ValueError):
-    """A user error found by the launcher (setup, run directory, launch): one line, exit 2."""
-
-
-class ConfigError(UserError):
-    """A user error in the configuration: the message is one line naming key and fix."""
-
-
-# Everything the trainer reports as one `error: ...` line and exit status 2: the launcher's own
-# errors and those of the sections' owners.
-USER_ERRORS: tuple[type[ValueError], ...] = (UserError, DataError, ModelConfigError, OptimConfigError,
-                                             ExportError)
-# Section checks raise their owner's error; while loading a config they are config errors.
-_SECTION_ERRORS = (DataError, ModelConfigError, OptimConfigError)
+from orscale.optim_config import OptimConfig
 
 BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
 DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
@@ -63,9 +47,12 @@ class RunConfig:
     keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted (0: keep all)
 
     def __post_init__(self) -> None:
-        _require(self.resume in ("auto", "none") or bool(self.resume),
-                 "run.resume must be auto, none or a checkpoint path")
-        _require(self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}")
+        _require(
+            self.resume in ("auto", "none") or bool(self.resume), "run.resume must be auto, none or a checkpoint path"
+        )
+        _require(
+            self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}"
+        )
 
 
 @dataclass
@@ -109,10 +96,12 @@ class ParallelConfig:
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
 
     def __post_init__(self) -> None:
-        _require(self.backend in BACKENDS,
-                 f"parallel.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
-        _require(self.muon_mode in MODES,
-                 f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}")
+        _require(
+            self.backend in BACKENDS, f"parallel.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+        )
+        _require(
+            self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
+        )
 
 
 @dataclass
@@ -126,13 +115,20 @@ class Config:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotated type, allowing int -> float; raise on mismatch."""
+    """Check `value` against the annotated type, allowing int -> float; raise on mismatch. A Union
+    takes the first of its types that accepts the value."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(value, args[0], key)
+        arms = [a for a in typing.get_args(tp) if a is not type(None)]
+        for arm in arms:
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError:
+                continue
+        names = " or ".join(getattr(a, "__name__", str(a)) for a in arms)
+        raise ConfigError(f"config key '{key}' must be {names}, got {type(value).__name__} {value!r}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and item_tp is str:
@@ -142,19 +138,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if tp is float and isinstance(value, str):
-        try:  # PyYAML reads `1e-3` (no dot) as a string: accept it as the number it means
-            value = float(value)
-        except ValueError:
-            pass
+    if tp is float and isinstance(value, str) and value.strip().lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        value = float(value)  # `optim.lr=inf` means what it says: refused below as not finite
     if tp is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # e.g. `model.preset=125m` is fine, `run.resume=none` too
+        return str(value)  # e.g. `run.dir=2024` names a directory
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(
-            f"config key '{key}' must be {tp.__name__}, got {type(value).__name__} {value!r}"
-        )
+        hint = " (write the number without quotes)" if tp in (int, float) and isinstance(value, str) else ""
+        raise ConfigError(f"config key '{key}' must be {tp.__name__}, got {type(value).__name__} {value!r}{hint}")
     return value
 
 
@@ -165,31 +157,18 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(
-                f"unknown config key '{full}' (valid keys here: {', '.join(sorted(names))})"
-            )
+            raise ConfigError(f"unknown config key '{full}' (valid keys here: {', '.join(sorted(names))})")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"config key '{full}' must be a mapping, got {value!r}")
-            kwargs[key] = _build(tp, value, f"{full}.")
+            kwargs[key] = _build(tp, value, f"{full}.")  # type: ignore[arg-type]  # a dataclass type here
         else:
             kwargs[key] = _coerce(value, tp, full)
     try:
         return cls(**kwargs)
-    except _SECTION_ERRORS as err:
+    except SECTION_ERRORS as err:
         raise ConfigError(str(err)) from None
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"config key '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -200,24 +179,17 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override '{item}' must look like section.key=value")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        _set_dotted(tree, key.strip(), value)
+        try:
+            set_dotted(tree, key.strip(), value)
+        except ValueError as err:
+            raise ConfigError(f"config key '{key.strip()}': {err}") from None
     return tree
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def load_config(path: Optional[str], overrides: list[str] = ()) -> Config:
+def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file (optional), apply dotted overrides, type-check and validate."""
     tree: dict[str, Any] = {}
     if path is not None:
@@ -225,13 +197,13 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> Config:
         if not p.is_file():
             raise ConfigError(f"config file '{path}' not found (try configs/tiny.yaml)")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
+            tree = load_yaml(p.read_text()) or {}
         except yaml.YAMLError as err:
             first = str(err).splitlines()[0]
             raise ConfigError(f"config file '{path}' is not valid YAML: {first}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections")
-    tree = _deep_merge(tree, parse_overrides(list(overrides)))
+    tree = deep_merge(tree, parse_overrides(list(overrides)))
     cfg = _build(Config, tree, "")
     validate(cfg)
     return cfg
@@ -240,18 +212,27 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> Config:
 def validate(cfg: Config) -> None:
     """The checks that span sections (each section has checked itself on construction)."""
     t, d = cfg.train, cfg.data
-    _require(t.tokens_per_step >= d.seq_len,
-             f"train.tokens_per_step ({t.tokens_per_step}) must be at least one window of data.seq_len ({d.seq_len})")
-    _require(t.tokens_per_step % d.seq_len == 0,
-             f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})")
+    _require(
+        t.tokens_per_step >= d.seq_len,
+        f"train.tokens_per_step ({t.tokens_per_step}) must be at least one window of data.seq_len ({d.seq_len})",
+    )
+    _require(
+        t.tokens_per_step % d.seq_len == 0,
+        f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})",
+    )
     context = cfg.model.resolve().max_seq_len
-    _require(d.seq_len <= context, f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
-                                   "lower data.seq_len or set model.max_seq_len")
+    _require(
+        d.seq_len <= context,
+        f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
+        "lower data.seq_len or set model.max_seq_len",
+    )
     windows = t.tokens_per_step // d.seq_len
-    _require(windows % d.logical_shards == 0,
-             f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
-             f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
-             "change one of them")
+    _require(
+        windows % d.logical_shards == 0,
+        f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
+        f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
+        "change one of them",
+    )
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -15,16 +15,17 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import torch
 
 from data import load_tokenizer
 from data.paths import resolve_path
 from launch.checkpoint import check_loadable, find_checkpoint, load_model_weights, read_meta
-from launch.config import USER_ERRORS
+from launch.errors import USER_ERRORS
 from models.gpt import GPT, GPTConfig
 from models.hf_mapping import ExportError, arcee_model
 
@@ -40,11 +41,14 @@ def _hf_tokenizer(tokenizer_path: str, max_len: int):
     if tok.kind != "tokenizers":
         # transformers' SentencePiece conversion needs protobuf and (5.24, Mistral v1 model) does not
         # reproduce sentencepiece's ids on leading whitespace: refuse rather than ship a mismatch.
-        raise ExportError(f"tokenizer '{tokenizer_path}' is {tok.kind}; HF export supports tokenizer.json "
-                          "tokenizers only (SentencePiece export is not supported yet)")
+        raise ExportError(
+            f"tokenizer '{tokenizer_path}' is {tok.kind}; HF export supports tokenizer.json "
+            "tokenizers only (SentencePiece export is not supported yet)"
+        )
     eos = tok.backend.id_to_token(tok.eos_id)
-    return PreTrainedTokenizerFast(tokenizer_object=tok.backend, eos_token=eos, bos_token=eos, unk_token=eos,
-                                   model_max_length=max_len), tok
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok.backend, eos_token=eos, bos_token=eos, unk_token=eos, model_max_length=max_len
+    ), tok
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
@@ -54,8 +58,14 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
         raise ExportError(f"output directory '{out}' is not empty; pass --overwrite to replace it")
 
 
-def export_hf(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, tokenizer_path: str, out_dir: str | Path,
-              overwrite: bool = False, dtype: Optional[torch.dtype] = None) -> Path:
+def export_hf(
+    state_dict: Mapping[str, torch.Tensor],
+    cfg: GPTConfig,
+    tokenizer_path: str,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write an HF model directory (config.json, generation_config.json, model.safetensors,
     tokenizer files). Written beside `out_dir` and renamed into place when complete, so a failed
     export never leaves a half-written directory, and an existing one is replaced only with
@@ -78,7 +88,9 @@ def export_hf(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, tokenizer_
         hf_tok.save_pretrained(tmp)
         # 5.x writes "TokenizersBackend", a name 4.x readers lack; the classic name loads in both.
         tc = tmp / "tokenizer_config.json"
-        tc.write_text(json.dumps({**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+        tc.write_text(
+            json.dumps({**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
+        )
         _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -99,6 +111,7 @@ def _publish(tmp: Path, out: Path) -> None:
 
 # ---- checkpoint reading, through the public API of launch.checkpoint -----------------------------
 
+
 def _gpt_config(recorded: Any) -> GPTConfig:
     """The GPTConfig the trainer recorded in meta.json (its fields as a dict)."""
     if not isinstance(recorded, dict):
@@ -112,8 +125,10 @@ def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor],
     directory, as the trainer's checkpointer writes them."""
     found = find_checkpoint(path)
     if found is None:
-        raise ExportError(f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
-                          "root with a `latest` file, or a run directory)")
+        raise ExportError(
+            f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
+            "root with a `latest` file, or a run directory)"
+        )
     meta = read_meta(found)
     cfg = _gpt_config(meta.get("model"))
     with torch.device("meta"):  # shapes only: the checkpoint supplies every value
@@ -132,7 +147,7 @@ def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor],
     return dict(model.state_dict()), cfg, str(resolve_path(tokenizer))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="step directory, checkpoints root or run directory")
     parser.add_argument("--out", required=True, help="output directory (must be empty or absent)")
@@ -142,8 +157,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         _check_out_dir(Path(args.out), args.overwrite)  # before the (possibly long) checkpoint read
         state_dict, cfg, tokenizer = load_gpt_from_checkpoint(args.checkpoint)
-        out = export_hf(state_dict, cfg, tokenizer, args.out, overwrite=args.overwrite,
-                        dtype=getattr(torch, args.dtype) if args.dtype else None)
+        out = export_hf(
+            state_dict,
+            cfg,
+            tokenizer,
+            args.out,
+            overwrite=args.overwrite,
+            dtype=getattr(torch, args.dtype) if args.dtype else None,
+        )
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

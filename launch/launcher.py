@@ -17,7 +17,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from typing import Optional
 
 
 def _die_with_parent() -> None:
@@ -30,13 +29,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     import psutil
 
     argv = sys.argv[1:] if argv is None else argv
     # torchrun handles SIGHUP/SIGQUIT as usual but leaves SIGTERM/SIGINT alone (ignored, see above).
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--signals-to-handle=SIGHUP,SIGQUIT",
-                             *argv], preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--signals-to-handle=SIGHUP,SIGQUIT", *argv],
+        preexec_fn=_die_with_parent,
+    )
     received = 0
 
     def forward(signum: int, frame) -> None:

@@ -2,6 +2,6 @@
 the name mapping to Hugging Face `transformers`."""
 
 from models.gpt import GPT, GPTConfig
-from models.presets import PRESETS, ModelConfig, ModelConfigError, get_preset
+from models.presets import PRESETS, ModelConfig, ModelConfigError, get_preset, param_counts
 
-__all__ = ["GPT", "GPTConfig", "ModelConfig", "ModelConfigError", "PRESETS", "get_preset"]
+__all__ = ["GPT", "GPTConfig", "ModelConfig", "ModelConfigError", "PRESETS", "get_preset", "param_counts"]

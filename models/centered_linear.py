@@ -7,7 +7,8 @@
 δ·(x − μ)ᵀ of eq. (9): the rank-one mean term leaves the curvature the update sees.
 
 Mean updates follow Algorithm 1 (lines 10–11): a training-mode forward with grad enabled (so
-no_grad evaluation never counts) only *records* the batch mean of its input (summed over calls, so gradient-accumulation micro-batches count by rows); after
+no_grad evaluation never counts) only *records* the batch mean of its input (summed over calls, so
+gradient-accumulation micro-batches count by rows); after
 ``optimizer.step()`` the caller runs ``update_mean()`` (or ``update_means(model)``), which sets
 μ_new = ρ·μ + (1−ρ)·x̄ and transports the bias with the *updated* W,
 
@@ -21,7 +22,7 @@ the recorded batch mean across ranks first (``average_mean_``) so every rank kee
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -35,9 +36,18 @@ class CenteredLinear(nn.Module):
     required: it is what absorbs the transport. Weight/bias init matches ``nn.Linear``.
     """
 
-    def __init__(self, in_features: int, out_features: int, rho: float = 0.99,
-                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rho: float = 0.99,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        self.mu: Tensor  # buffers, declared for the type checker (nn.Module's attribute lookup is untyped)
+        self._sum: Tensor
+        self._rows: Tensor
         if not 0 <= rho < 1:
             raise ValueError(f"rho must be in [0, 1), got {rho}")
         ref = nn.Linear(in_features, out_features, bias=True, device=device, dtype=dtype)
@@ -48,17 +58,15 @@ class CenteredLinear(nn.Module):
         # The recorded input sum/rows of this step: transient, not part of the state_dict. Both are
         # tensors so a compiled forward neither guards on a Python int (a recompile per
         # micro-batch) nor syncs with the host when the step reads them.
-        self.register_buffer("_sum", torch.zeros(in_features, device=device, dtype=torch.float32),
-                             persistent=False)
+        self.register_buffer("_sum", torch.zeros(in_features, device=device, dtype=torch.float32), persistent=False)
         self.register_buffer("_rows", torch.zeros((), device=device, dtype=torch.int64), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rho: float = 0.99) -> "CenteredLinear":
+    def from_linear(cls, linear: nn.Linear, rho: float = 0.99) -> CenteredLinear:
         """A centred layer (μ = 0) computing exactly what ``linear`` computes."""
         if linear.bias is None:
             raise ValueError("CenteredLinear needs a bias to absorb the mean transport")
-        out = cls(linear.in_features, linear.out_features, rho, device=linear.weight.device,
-                  dtype=linear.weight.dtype)
+        out = cls(linear.in_features, linear.out_features, rho, device=linear.weight.device, dtype=linear.weight.dtype)
         with torch.no_grad():
             out.weight.copy_(linear.weight)
             out.bias.copy_(linear.bias)
@@ -72,7 +80,7 @@ class CenteredLinear(nn.Module):
                 self._rows.add_(x.numel() // self.in_features)
         return y
 
-    def average_mean_(self, fn: Callable[[Tensor], Optional[Tensor]]) -> None:
+    def average_mean_(self, fn: Callable[[Tensor], Tensor | None]) -> None:
         """Average the recorded batch mean across ranks before ``update_mean``.
 
         ``fn`` receives the local batch mean [in_features] (fp32) and either averages it in place
@@ -86,7 +94,7 @@ class CenteredLinear(nn.Module):
         self._rows.clamp_(max=1)  # the sum is now a mean; 0 rows (nothing recorded) stays 0
 
     @torch.no_grad()
-    def update_mean(self, local: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+    def update_mean(self, local: Callable[[Tensor], Tensor] | None = None) -> None:
         """μ ← ρμ + (1−ρ)·x̄ and the bias transport b̃ ← b̃ + W(μ_new − μ_old); a no-op if no
         training forward was recorded since the last call. Call after ``optimizer.step()``.
 
@@ -105,8 +113,9 @@ class CenteredLinear(nn.Module):
 
     def fold(self) -> nn.Linear:
         """The equivalent plain ``nn.Linear``: weight W, bias b̃ − W·μ."""
-        out = nn.Linear(self.in_features, self.out_features, bias=True,
-                        device=self.weight.device, dtype=self.weight.dtype)
+        out = nn.Linear(
+            self.in_features, self.out_features, bias=True, device=self.weight.device, dtype=self.weight.dtype
+        )
         with torch.no_grad():
             out.weight.copy_(self.weight)
             out.bias.copy_((self.bias.float() - self.weight.float() @ self.mu).to(out.bias.dtype))
@@ -116,8 +125,11 @@ class CenteredLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rho={self.rho}"
 
 
-def update_means(model: nn.Module, average: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
-                 local: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+def update_means(
+    model: nn.Module,
+    average: Callable[[Tensor], Tensor | None] | None = None,
+    local: Callable[[Tensor], Tensor] | None = None,
+) -> None:
     """Run ``update_mean(local)`` (after ``average_mean_(average)`` if given) on every CenteredLinear."""
     for mod in model.modules():
         if isinstance(mod, CenteredLinear):

@@ -9,7 +9,7 @@ and parameter names only; reading checkpoints, tokenizers and writing directorie
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -25,7 +25,9 @@ def _require_transformers_5() -> None:
 
     # 5.x moved the RoPE base into `rope_parameters` (4.x: `rope_theta`); only 5.x is tested here.
     if int(transformers.__version__.split(".")[0]) < 5:
-        raise ExportError(f"HF export needs transformers>=5 (found {transformers.__version__}); pip install -U transformers")
+        raise ExportError(
+            f"HF export needs transformers>=5 (found {transformers.__version__}); pip install -U transformers"
+        )
 
 
 def to_arcee_config(cfg: GPTConfig, eos_id: int, bos_id: int, dtype: torch.dtype = torch.float32):
@@ -55,8 +57,9 @@ def to_arcee_config(cfg: GPTConfig, eos_id: int, bos_id: int, dtype: torch.dtype
     )
 
 
-def to_arcee_state_dict(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig,
-                        dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def to_arcee_state_dict(
+    state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Our parameter names -> Arcee's, splitting the fused qkv. Every shape is checked so a state
     dict that does not fit `cfg` fails with a message naming the tensor, not deep inside torch."""
     sd, d = dict(state_dict), cfg.d_model
@@ -79,30 +82,35 @@ def to_arcee_state_dict(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig,
             take(src + "mlp.down.weight", (d, 4 * d))  # shape checks; the fold uses the raw fp values
             sd[src + "mlp.down.weight"] = state_dict[src + "mlp.down.weight"]
             b, mu = (take(src + f"mlp.down.{k}", shape).double() for k, shape in (("bias", (d,)), ("mu", (4 * d,))))
-            folded = state_dict[src + "mlp.down.bias"].double() - state_dict[src + "mlp.down.weight"].double() @ \
-                state_dict[src + "mlp.down.mu"].double()
+            folded = (
+                state_dict[src + "mlp.down.bias"].double()
+                - state_dict[src + "mlp.down.weight"].double() @ state_dict[src + "mlp.down.mu"].double()
+            )
             out[dst + "mlp.down_proj.bias"] = folded.to(dtype)
             out[dst + "mlp.up_proj.bias"] = torch.zeros(4 * d, dtype=dtype)
-        out.update({
-            dst + "self_attn.q_proj.weight": q,
-            dst + "self_attn.k_proj.weight": k,
-            dst + "self_attn.v_proj.weight": v,
-            dst + "self_attn.o_proj.weight": take(src + "attn.out.weight", (d, d)),
-            dst + "mlp.up_proj.weight": take(src + "mlp.up.weight", (4 * d, d)),
-            dst + "mlp.down_proj.weight": take(src + "mlp.down.weight", (d, 4 * d)),
-            dst + "input_layernorm.weight": take(src + "attn_norm.weight", (d,)),
-            dst + "post_attention_layernorm.weight": take(src + "mlp_norm.weight", (d,)),
-        })
+        out.update(
+            {
+                dst + "self_attn.q_proj.weight": q,
+                dst + "self_attn.k_proj.weight": k,
+                dst + "self_attn.v_proj.weight": v,
+                dst + "self_attn.o_proj.weight": take(src + "attn.out.weight", (d, d)),
+                dst + "mlp.up_proj.weight": take(src + "mlp.up.weight", (4 * d, d)),
+                dst + "mlp.down_proj.weight": take(src + "mlp.down.weight", (d, 4 * d)),
+                dst + "input_layernorm.weight": take(src + "attn_norm.weight", (d,)),
+                dst + "post_attention_layernorm.weight": take(src + "mlp_norm.weight", (d,)),
+            }
+        )
     out["model.norm.weight"] = take("final_norm.weight", (d,))
     leftover = sorted(k for k in sd if k not in ("rope_cos", "rope_sin"))  # derived buffers, not weights
     if leftover:
-        raise ExportError(f"unexpected tensors in the state dict: {', '.join(leftover[:5])}"
-                          f"{' ...' if len(leftover) > 5 else ''} (n_layer={cfg.n_layer}?)")
+        raise ExportError(
+            f"unexpected tensors in the state dict: {', '.join(leftover[:5])}"
+            f"{' ...' if len(leftover) > 5 else ''} (n_layer={cfg.n_layer}?)"
+        )
     return out
 
 
-def arcee_model(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, eos_id: int, bos_id: int,
-                dtype: torch.dtype):
+def arcee_model(state_dict: Mapping[str, torch.Tensor], cfg: GPTConfig, eos_id: int, bos_id: int, dtype: torch.dtype):
     """An `ArceeForCausalLM` holding exactly `state_dict`'s weights (tied head).
 
     Built on meta: nothing is randomly initialised (1.1B would take a while), `assign` adopts our

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any
 
 from models.gpt import GPTConfig
 
@@ -26,11 +27,11 @@ PRESETS: dict[str, GPTConfig] = {
 PAPER_PARAM_COUNTS = {"125m": 123.6e6, "399m": 417.0e6, "545m": 629.7e6, "1.1b": 1262.6e6}
 
 
-def get_preset(name: str, **overrides: Optional[int | bool]) -> GPTConfig:
+def get_preset(name: str, **overrides: int | bool | None) -> GPTConfig:
     """Preset by name with optional field overrides (None values are ignored)."""
     if name not in PRESETS:
         raise ModelConfigError(f"unknown model.preset '{name}' (valid: {', '.join(PRESETS)})")
-    changes = {k: v for k, v in overrides.items() if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     try:
         return replace(PRESETS[name], **changes)
     except ValueError as err:  # GPTConfig's own shape checks, already one line naming model.*
@@ -44,17 +45,41 @@ class ModelConfig:
     shapes are valid."""
 
     preset: str = "tiny"
-    n_layer: Optional[int] = None
-    d_model: Optional[int] = None
-    n_head: Optional[int] = None
-    max_seq_len: Optional[int] = None
-    vocab_size: Optional[int] = None
-    center_mlp: Optional[bool] = None  # CBP's M2 in every MLP down-projection
+    n_layer: int | None = None
+    d_model: int | None = None
+    n_head: int | None = None
+    max_seq_len: int | None = None
+    vocab_size: int | None = None
+    center_mlp: bool | None = None  # CBP's M2 in every MLP down-projection
 
     def __post_init__(self) -> None:
         self.resolve()
 
     def resolve(self) -> GPTConfig:
-        """The preset with the overrides applied."""
-        return get_preset(self.preset, n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head,
-                          max_seq_len=self.max_seq_len, vocab_size=self.vocab_size, center_mlp=self.center_mlp)
+        """The preset with the overrides applied: resolved once, again only if a field changed."""
+        key = dataclasses.astuple(self)
+        cached = self.__dict__.get("_resolved")
+        if cached is None or cached[0] != key:
+            cfg = get_preset(
+                self.preset,
+                n_layer=self.n_layer,
+                d_model=self.d_model,
+                n_head=self.n_head,
+                max_seq_len=self.max_seq_len,
+                vocab_size=self.vocab_size,
+                center_mlp=self.center_mlp,
+            )
+            cached = (key, cfg)
+            self.__dict__["_resolved"] = cached  # not a field: asdict() and the saved config ignore it
+        return cached[1]
+
+
+def param_counts(cfg: GPTConfig) -> tuple[int, int]:
+    """(total, non-embedding) parameters of `models.gpt.GPT(cfg)` from the shapes alone (the tied
+    embedding/head counted once): what `GPT.num_params` counts, without building the model."""
+    d, L = cfg.d_model, cfg.n_layer
+    per_block = 3 * d * d + d * d + 4 * d * d + 4 * d * d + 2 * d  # qkv, out, MLP up and down, two norm gains
+    if cfg.center_mlp:
+        per_block += d  # the centred down-projection's bias (its input mean is a buffer)
+    non_embedding = L * per_block + d  # + the final norm's gain
+    return non_embedding + cfg.vocab_size * d, non_embedding

@@ -10,12 +10,12 @@ from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig, OptimConfigError
 from orscale.schedule import lr_at, set_lr
-from orscale.variants import PRESETS, Variant
+from orscale.variants import VARIANTS, Variant
 
 __all__ = [
     "OPTIMIZER_NAMES",
     "PLACEMENTS",
-    "PRESETS",
+    "VARIANTS",
     "MuonFamily",
     "OptimConfig",
     "OptimConfigError",

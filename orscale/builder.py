@@ -4,63 +4,30 @@
 ``[CBP | LAMB | LARS]`` for a model whose parameters are plain tensors (one process), replicated
 (DDP) or FSDP2 DTensors.
 DeepSpeed ZeRO drives its own client optimizer (``orscale.distributed.zero``), built from the
-same ``route_parameters`` and ``muon_family_kwargs``.
+same ``route_parameters`` and ``orscale.factories``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from orscale.cbp import CBP
 from orscale.distributed.ddp import ReplicatedMuonFamily
-from orscale.distributed.elementwise import ShardedCBP, ShardedLAMB, ShardedLARS
+from orscale.distributed.elementwise import SHARDED_ELEMENTWISE
 from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.distributed.owners import MODES
+from orscale.factories import adamw, elementwise_optimizer, muon_family_kwargs
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OptimConfig, OptimConfigError
 from orscale.routing import route_parameters
-from orscale.trust_ratio import LAMB, LARS
 
 # Where the parameters live: one process, DDP replicas, FSDP2 shards.
 PLACEMENTS: tuple[str, ...] = ("none", "ddp", "fsdp")
 
 
-def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` (DTensor-native under FSDP2) over routed param groups."""
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
-
-
-def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    """MuonFamily's keyword arguments for `cfg` (shared by every placement, ZeRO's included)."""
-    return dict(lr=cfg.lr, weight_decay=cfg.weight_decay, variant=cfg.name, momentum=cfg.momentum,
-                nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients,
-                ns_dtype=cfg.ns_dtype, r_min=cfg.r_min, r_max=cfg.r_max, eps=cfg.trust_eps,
-                track_diagnostics=cfg.diagnostics)
-
-
-def elementwise_optimizer(groups: list[dict[str, Any]], cfg: OptimConfig, sharded: bool = False
-                          ) -> torch.optim.Optimizer:
-    """CBP, LAMB or LARS (`cfg.name`) over routed param groups; `sharded`: for FSDP2 DTensors."""
-    if cfg.name == "cbp":
-        cls = ShardedCBP if sharded else CBP
-        return cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                   decoupled_weight_decay=True, zeta=cfg.cbp_zeta, rho=cfg.cbp_rho, s_min=cfg.cbp_s_min,
-                   s_max=cfg.cbp_s_max, equalize=cfg.cbp_equalize, precondition=cfg.cbp_precondition)
-    if cfg.name == "lamb":
-        return (ShardedLAMB if sharded else LAMB)(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                                  weight_decay=cfg.weight_decay)
-    if cfg.name == "lars":
-        return (ShardedLARS if sharded else LARS)(groups, lr=cfg.lr, momentum=cfg.momentum,
-                                                  weight_decay=cfg.weight_decay,
-                                                  trust_coefficient=cfg.lars_trust_coefficient, eps=cfg.eps)
-    raise ValueError(f"{cfg.name!r} is not an elementwise optimizer")
-
-
-def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
-                     mode: str = "owner") -> list[torch.optim.Optimizer]:
+def build_optimizers(
+    model: nn.Module, cfg: OptimConfig, backend: str = "none", mode: str = "owner"
+) -> list[torch.optim.Optimizer]:
     """The optimizers for `model` under `cfg`.
 
     ``backend`` says where the parameters live (``PLACEMENTS``) and picks the Muon-family class:
@@ -70,14 +37,15 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, backend: str = "none",
     trainer overwrites ``group["lr"]`` on every group each step.
     """
     if backend not in PLACEMENTS:
-        raise OptimConfigError(f"backend must be one of {', '.join(PLACEMENTS)} for build_optimizers, "
-                               f"got {backend!r}")
+        raise OptimConfigError(f"backend must be one of {', '.join(PLACEMENTS)} for build_optimizers, got {backend!r}")
     if mode not in MODES:
         raise OptimConfigError(f"parallel.muon_mode must be one of {', '.join(MODES)}, got {mode!r}")
     routing = route_parameters(model, cfg)
     optimizers: list[torch.optim.Optimizer] = []
     if routing.elementwise:
-        optimizers.append(elementwise_optimizer(routing.elementwise, cfg, sharded=backend == "fsdp"))
+        optimizers.append(
+            elementwise_optimizer(routing.elementwise, cfg, SHARDED_ELEMENTWISE if backend == "fsdp" else None)
+        )
     if routing.matrices:
         kwargs = muon_family_kwargs(cfg)
         if backend == "fsdp":

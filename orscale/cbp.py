@@ -34,17 +34,17 @@ lr = 0 dry-run step is a no-op.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, overload
 
 import torch
 from torch import Tensor
 
-from orscale.optim_common import ParamsT, call_closure, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
 
 
-def equalization_scales(q: Tensor, s_min: float, s_max: float,
-                        c2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def equalization_scales(q: Tensor, s_min: float, s_max: float, c2: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """M1 scales (raw c/√q_l, clipped) for block energies ``q`` [n]; blocks with q = 0 get 1.
 
     c² is the mean of q over the blocks with q > 0 (all of them once every block has seen a
@@ -105,9 +105,16 @@ class CBP(torch.optim.Optimizer):
             raise ValueError(f"need 0 < s_min <= s_max, got s_min={s_min}, s_max={s_max}")
         self._last_diag: list[tuple[Tensor, Tensor, Tensor, float, float]] = []
         defaults = dict(
-            lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-            decoupled_weight_decay=decoupled_weight_decay, zeta=zeta, rho=rho, s_min=s_min,
-            s_max=s_max, equalize=equalize, precondition=precondition,
+            lr=lr,
+            betas=tuple(betas),
+            weight_decay=weight_decay,
+            decoupled_weight_decay=decoupled_weight_decay,
+            zeta=zeta,
+            rho=rho,
+            s_min=s_min,
+            s_max=s_max,
+            equalize=equalize,
+            precondition=precondition,
         )
         super().__init__(params, defaults)
 
@@ -134,7 +141,7 @@ class CBP(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        for sid, p in zip(saved_ids, params):
+        for sid, p in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(sid, {})
             for key in ("exp_avg", "exp_avg_sq", "q"):
                 value = saved.get(key)
@@ -154,24 +161,30 @@ class CBP(torch.optim.Optimizer):
         return sums
 
     # ---------------------------------------------------------------- the step
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = call_closure(closure)
         work = self._active_work()
         self._last_diag = []
         if not work:
             return loss
         grads = [self._grads(w) for w in work]
-        eq = [g for w, g in zip(work, grads) if w.group["equalize"]]
+        eq = [g for w, g in zip(work, grads, strict=True) if w.group["equalize"]]
         sums = None
         if eq:  # host flags only: every rank makes the same decision
             local = torch.cat([sums_of_squares(g) for g in eq])
             sums = self.reduce_block_sums(local)
         row = 0
-        for w, g in zip(work, grads):
-            if w.group["equalize"]:
+        for w, g in zip(work, grads, strict=True):
+            if w.group["equalize"] and sums is not None:
                 n = len(g)
-                s = self._equalize(w, sums[row:row + n])
+                s = self._equalize(w, sums[row : row + n])
                 row += n
                 g = torch._foreach_mul(g, list(s.unbind(0)))  # g̃_l = s_l·g_l (0-d device scalars)
             self._update(w, g)
@@ -182,20 +195,19 @@ class CBP(torch.optim.Optimizer):
         for gi, group in enumerate(self.param_groups):
             if group["lr"] == 0:  # host float: an lr = 0 step changes nothing (see module doc)
                 continue
-            names = group.get("param_names") or [
-                f"group{gi}.param{i}" for i in range(len(group["params"]))]
+            names = group.get("param_names") or [f"group{gi}.param{i}" for i in range(len(group["params"]))]
             pos = [i for i, p in enumerate(group["params"]) if p.grad is not None]
             for i in pos:
-                if group["params"][i].grad.is_sparse:
+                if grad_of(group["params"][i]).is_sparse:
                     raise RuntimeError(f"CBP: sparse gradient for '{names[i]}'")
             if pos:
                 work.append(_Work(group, [group["params"][i] for i in pos], [names[i] for i in pos]))
         return work
 
-    def _grads(self, w: _Work) -> list[Tensor]:
+    def _grads(self, w: _Work) -> TensorList:
         """Local fp32 gradients; coupled weight decay folded in (new tensors: p.grad is not touched)."""
-        grads = [self._local(p.grad) for p in w.params]
-        grads = [g if g.dtype == torch.float32 else g.float() for g in grads]
+        local = [self._local(grad_of(p)) for p in w.params]
+        grads: TensorList = [g if g.dtype == torch.float32 else g.float() for g in local]
         wd = w.group["weight_decay"]
         if wd != 0 and not w.group["decoupled_weight_decay"]:
             grads = torch._foreach_add(grads, self._fp32_params(w), alpha=wd)
@@ -216,7 +228,7 @@ class CBP(torch.optim.Optimizer):
         self._last_diag.append((raw, s, sq, g["s_min"], g["s_max"]))
         return s
 
-    def _update(self, w: _Work, g: list[Tensor]) -> None:
+    def _update(self, w: _Work, g: TensorList) -> None:
         """m, the (M3-preconditioned) update with the lagged v̂, then v."""
         group = w.group
         lr, (b1, b2), zeta, wd = group["lr"], group["betas"], group["zeta"], group["weight_decay"]
@@ -230,7 +242,7 @@ class CBP(torch.optim.Optimizer):
         torch._foreach_lerp_(m, g, 1.0 - b1)  # m ← β1·m + (1−β1)·g̃
         if wd != 0 and group["decoupled_weight_decay"]:
             torch._foreach_mul_(params, 1.0 - lr * wd)
-        coef = [-lr / (1.0 - b1 ** t) for t in steps]  # −η/(1−β1^t): m̂ folded into the step
+        coef = [-lr / (1.0 - b1**t) for t in steps]  # −η/(1−β1^t): m̂ folded into the step
         if not group["precondition"]:
             self._add(params, torch._foreach_mul(m, coef))
             return
@@ -245,17 +257,16 @@ class CBP(torch.optim.Optimizer):
             torch._foreach_mul_(upd, [coef[i] for i in later])
             self._add([params[i] for i in later], upd)
         if first:
-            self._add([params[i] for i in first],
-                      torch._foreach_mul([m[i] for i in first], [coef[i] for i in first]))
+            self._add([params[i] for i in first], torch._foreach_mul([m[i] for i in first], [coef[i] for i in first]))
         torch._foreach_mul_(v, b2)  # v ← β2·v + (1−β2)·g̃², after the update (the lag)
         torch._foreach_addcmul_(v, g, g, value=1.0 - b2)
 
     @staticmethod
-    def _add(params: list[Tensor], updates: list[Tensor]) -> None:
+    def _add(params: TensorList, updates: TensorList) -> None:
         if all(p.dtype == torch.float32 for p in params):
             torch._foreach_add_(params, updates)
         else:  # low-precision params: add the fp32 update tensor by tensor
-            for p, u in zip(params, updates):
+            for p, u in zip(params, updates, strict=True):
                 p.add_(u.to(p.dtype))
 
     # ---------------------------------------------------------------- diagnostics
@@ -279,14 +290,35 @@ class CBP(torch.optim.Optimizer):
         for raw, s, sq, lo, hi in self._last_diag:
             g = sq.clamp_min(0).sqrt()
             e = s * g
-            rows.append(torch.stack([
-                s.new_tensor(float(s.numel())), s.sum(), (raw <= lo).float().sum(), (raw >= hi).float().sum(),
-                s.max(), s.min(), g.max(), torch.where(g > 0, g, torch.full_like(g, math.inf)).min(),
-                e.max(), torch.where(e > 0, e, torch.full_like(e, math.inf)).min()]))
+            rows.append(
+                torch.stack(
+                    [
+                        s.new_tensor(float(s.numel())),
+                        s.sum(),
+                        (raw <= lo).float().sum(),
+                        (raw >= hi).float().sum(),
+                        s.max(),
+                        s.min(),
+                        g.max(),
+                        torch.where(g > 0, g, torch.full_like(g, math.inf)).min(),
+                        e.max(),
+                        torch.where(e > 0, e, torch.full_like(e, math.inf)).min(),
+                    ]
+                )
+            )
         vals = torch.stack(rows).tolist()  # the one transfer
-        return [sum(r[0] for r in vals), sum(r[1] for r in vals), sum(r[2] for r in vals), sum(r[3] for r in vals),
-                max(r[4] for r in vals), min(r[5] for r in vals), max(r[6] for r in vals), min(r[7] for r in vals),
-                max(r[8] for r in vals), min(r[9] for r in vals)]
+        return [
+            sum(r[0] for r in vals),
+            sum(r[1] for r in vals),
+            sum(r[2] for r in vals),
+            sum(r[3] for r in vals),
+            max(r[4] for r in vals),
+            min(r[5] for r in vals),
+            max(r[6] for r in vals),
+            min(r[7] for r in vals),
+            max(r[8] for r in vals),
+            min(r[9] for r in vals),
+        ]
 
 
 def summarize_cbp(parts: list[list[float]]) -> dict[str, float]:
@@ -304,3 +336,22 @@ def summarize_cbp(parts: list[list[float]]) -> dict[str, float]:
         "diag/cbp/grad_disparity": max(p[6] for p in parts) / g_min if math.isfinite(g_min) else math.nan,
         "diag/cbp/eq_disparity": max(p[8] for p in parts) / e_min if math.isfinite(e_min) else math.nan,
     }
+
+
+def share_equalization_targets(
+    owner: CBP | None, roles: list[str], all_reduce: Callable[[Tensor], Tensor], device: torch.device
+) -> None:
+    """CBP's c² per param group (mean energy over the group's blocks with q > 0) when the blocks are
+    spread over ranks that each run a CBP on theirs (ZeRO owners): one all-reduce of (sum, count)
+    per role, called on EVERY rank (`owner` None where a rank holds no blocks); sets `c2_global` on
+    the owner's groups, which `step` then uses instead of its own blocks' mean."""
+    stats = torch.zeros(len(roles), 2, dtype=torch.float32, device=device)
+    if owner is not None:
+        for group in owner.param_groups:
+            q = torch.stack([owner.state[p]["q"] for p in group["params"]])
+            stats[roles.index(group["role"])] = torch.stack([torch.where(q > 0, q, 0).sum(), (q > 0).sum()])
+    all_reduce(stats)
+    if owner is not None:
+        for group in owner.param_groups:
+            total, count = stats[roles.index(group["role"])].unbind(0)
+            group["c2_global"] = total / count.clamp_min(1)

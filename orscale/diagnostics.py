@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import Any
 
 import torch
 
@@ -61,7 +61,7 @@ def summarize(
     """
     out: dict[str, float] = {}
     by_class: dict[str, list[Sequence[float]]] = defaultdict(list)
-    for name, row in zip(step_names, step_rows):
+    for name, row in zip(step_names, step_rows, strict=True):
         by_class[matrix_class(name)].append(row)
         by_class["all"].append(row)
     for cls, rows in by_class.items():
@@ -72,7 +72,7 @@ def summarize(
         out[f"diag/{cls}/frac_rmax"] = _mean(col["at_rmax"])
 
     cum: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for name, row in zip(cum_names, cum_rows):
+    for name, row in zip(cum_names, cum_rows, strict=True):
         for cls in (matrix_class(name), "all"):
             acc = cum[cls]
             for i in range(3):
@@ -84,6 +84,12 @@ def summarize(
     return out
 
 
+def merge_rows(parts: Sequence[Sequence[Sequence[Any]]]) -> dict[str, float]:
+    """`summarize` over several ranks' `diagnostic_rows()` (each rank holding some matrices)."""
+    merged = [sum((list(p[i]) for p in parts), []) for i in range(4)]
+    return summarize(*merged) if merged[0] else {}
+
+
 class DiagnosticsMixin:
     """Host-side readers for an optimizer that, at each step, appends ``(names, tensor[n,
     len(STEP_FIELDS)])`` to ``self._last_diag`` and keeps per-group cumulative counters
@@ -93,8 +99,18 @@ class DiagnosticsMixin:
     _cum: list[torch.Tensor]
     param_groups: list[dict]
 
-    def record_step(self, group_index: int, names: list[str], index: Optional[torch.Tensor],
-                    values: list[torch.Tensor], clip: Optional[tuple[float, float]]) -> None:
+    def _names(self, gi: int, group: dict) -> list[str]:
+        """Every parameter's name in group `gi` (the optimizer defines it)."""
+        raise NotImplementedError
+
+    def record_step(
+        self,
+        group_index: int,
+        names: list[str],
+        index: torch.Tensor | None,
+        values: list[torch.Tensor],
+        clip: tuple[float, float] | None,
+    ) -> None:
         """Append this step's rows for ``names`` (``values``: the STEP_FIELDS before the clip
         flags, each [n]) and add to the cumulative counters; ``clip`` = (r_min, r_max) of a
         clipped trust ratio, None without one. ``index``: the rows' positions in the group's
@@ -132,13 +148,13 @@ class DiagnosticsMixin:
             width = t.shape[1]
             for name in names:
                 step_names.append(name)
-                step_rows.append(flat[at:at + width])
+                step_rows.append(flat[at : at + width])
                 at += width
         cum_names, cum_rows = [], []
         for gi, group in enumerate(self.param_groups):
-            for name in self._names(gi, group):  # type: ignore[attr-defined]
+            for name in self._names(gi, group):
                 cum_names.append(name)
-                cum_rows.append(flat[at:at + 3])
+                cum_rows.append(flat[at : at + 3])
                 at += 3
         return step_names, step_rows, cum_names, cum_rows
 
@@ -148,7 +164,7 @@ class DiagnosticsMixin:
             return {}
         names = [n for ns, _ in self._last_diag for n in ns]
         rows = torch.cat([t for _, t in self._last_diag]).tolist()
-        return {n: dict(zip(STEP_FIELDS, row)) for n, row in zip(names, rows)}
+        return {n: dict(zip(STEP_FIELDS, row, strict=True)) for n, row in zip(names, rows, strict=True)}
 
     def reset_diagnostics(self) -> None:
         """Zero the cumulative clip counters (e.g. after warmup)."""

@@ -24,15 +24,16 @@ checkpoint helper's zero-gradient, lr = 0 dry-run step neither creates nor calib
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, overload
 
 import torch
 from torch import Tensor
 
 from orscale.diagnostics import DiagnosticsMixin
 from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
-from orscale.optim_common import ParamsT, call_closure, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
 # Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
@@ -49,7 +50,9 @@ class GroupWork:
     group: dict[str, Any]
     params: list[Tensor]
     names: list[str]
-    index: Optional[Tensor]  # their positions in the group (device tensor); None: all of them
+    index: Tensor | None  # their positions in the group (device tensor); None: all of them
+    variant: Variant  # the group's choices (built once per group, not per step)
+    s: list[float]  # their shape factors, host floats (what the foreach ops take)
 
 
 def shape_factor(shape_choice: str, p: Tensor) -> float:
@@ -64,7 +67,7 @@ def _variant(group: dict[str, Any]) -> Variant:
 class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     """Muon-family optimizer for 2-D weight matrices (fp32 master weights assumed).
 
-    ``variant`` is a preset name from ``orscale.variants.PRESETS`` (or a ``Variant``); ``shape``,
+    ``variant`` is a preset name from ``orscale.variants.VARIANTS`` (or a ``Variant``); ``shape``,
     ``denominator``, ``decay`` and ``calibration`` override single choices of it. Params may be
     given as ``(name, tensor)`` pairs (e.g. ``model.named_parameters()``): names are used to group
     diagnostics by matrix class and in error messages. ``lr`` in each group must stay a Python
@@ -78,7 +81,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         *,
-        variant: Union[str, Variant] = "orscale_lm",
+        variant: str | Variant = "orscale_lm",
         momentum: float = 0.95,
         nesterov: bool = True,
         ns_steps: int = 5,
@@ -87,10 +90,10 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         r_min: float = 0.1,
         r_max: float = 5.0,
         eps: float = 1e-6,
-        shape: Optional[str] = None,
-        denominator: Optional[str] = None,
-        decay: Optional[str] = None,
-        calibration: Optional[str] = None,
+        shape: str | None = None,
+        denominator: str | None = None,
+        decay: str | None = None,
+        calibration: str | None = None,
         track_diagnostics: bool = True,
     ) -> None:
         base = get_variant(variant) if isinstance(variant, str) else variant
@@ -111,7 +114,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         # Per group, host-built once: shape factors and 1/√numel as device vectors, so the step
         # needs no host→device copies. Cumulative clip counters live here too (not in `state`:
         # they are diagnostics, not something a resume needs).
-        self._consts: list[dict[str, Tensor]] = []
+        self._consts: list[dict[str, Any]] = []
         self._cum: list[Tensor] = []
         self._index_cache: dict[tuple[int, tuple[int, ...]], Tensor] = {}
         self._last_diag: list[tuple[list[str], Tensor]] = []
@@ -120,10 +123,20 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self.bytes_sent = 0  # bytes this rank's optimizer collectives sent to other ranks
         self.n_collectives = 0  # collectives issued
         defaults = dict(
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-            ns_steps=ns_steps, ns_coefficients=ns_coefficients, ns_dtype=ns_dtype,
-            r_min=r_min, r_max=r_max, eps=eps, shape=v.shape, denominator=v.denominator,
-            decay=v.decay, calibration=v.calibration,
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            ns_coefficients=ns_coefficients,
+            ns_dtype=ns_dtype,
+            r_min=r_min,
+            r_max=r_max,
+            eps=eps,
+            shape=v.shape,
+            denominator=v.denominator,
+            decay=v.decay,
+            calibration=v.calibration,
         )
         super().__init__(params, defaults)
 
@@ -133,7 +146,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             _variant(group)  # validates per-group overrides of the choices
-            for name, p in zip(self._names(len(self.param_groups) - 1, group), group["params"]):
+            for name, p in zip(self._names(len(self.param_groups) - 1, group), group["params"], strict=True):
                 if p.ndim != 2:
                     raise ValueError(
                         f"MuonFamily handles 2-D weight matrices only; parameter '{name}' has "
@@ -162,13 +175,16 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             device = ps[0].device if ps else torch.device("cpu")
             s = [shape_factor(group["shape"], p) for p in ps]
             inv = [1.0 / math.sqrt(max(p.numel(), 1)) for p in ps]
-            self._consts.append({
-                "s": torch.tensor(s, dtype=torch.float32, device=device),
-                "inv_sqrt_numel": torch.tensor(inv, dtype=torch.float32, device=device),
-            })
+            self._consts.append(
+                {
+                    "s": torch.tensor(s, dtype=torch.float32, device=device),
+                    "inv_sqrt_numel": torch.tensor(inv, dtype=torch.float32, device=device),
+                    "s_host": s,
+                    "variant": _variant(group),
+                }
+            )
             keep = gi < len(old_cum) and old_cum[gi].shape[0] == len(ps)
-            self._cum.append(old_cum[gi] if keep else
-                             torch.zeros(len(ps), 3, dtype=torch.float32, device=device))
+            self._cum.append(old_cum[gi] if keep else torch.zeros(len(ps), 3, dtype=torch.float32, device=device))
 
     # ---------------------------------------------------------------- local views
     def _local(self, t: Tensor) -> Tensor:
@@ -180,7 +196,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         return [self._local(p) for p in w.params]
 
     def _local_grads(self, w: GroupWork) -> list[Tensor]:
-        return [self._local(p.grad) for p in w.params]
+        return [self._local(grad_of(p)) for p in w.params]
 
     def _local_momenta(self, w: GroupWork) -> list[Tensor]:
         return [self._local(self.state[p]["momentum_buffer"]) for p in w.params]
@@ -201,7 +217,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        for sid, p in zip(saved_ids, params):
+        for sid, p in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(sid, {})
             for key in ("momentum_buffer", "c"):
                 value = saved.get(key)
@@ -212,8 +228,14 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self._build_consts()
 
     # ---------------------------------------------------------------- the step
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = call_closure(closure)
         work = self._active_work()
         self._last_diag = []
@@ -221,7 +243,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         if not work:
             return loss
         m_hats = [self.momentum_update(w) for w in work]  # (a)
-        qs = [self.orthogonalize(w, mh) for w, mh in zip(work, m_hats)]  # (b)
+        qs = [self.orthogonalize(w, mh) for w, mh in zip(work, m_hats, strict=True)]  # (b)
         sums, directions = self.local_sums_of_squares(work, m_hats, qs)
         del m_hats, qs
         sums = self.reduce_sums_of_squares(sums)
@@ -236,8 +258,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             if not pos:
                 continue
             ps = [group["params"][i] for i in pos]
-            for i, p in zip(pos, ps):
-                if p.grad.is_sparse:
+            for i, p in zip(pos, ps, strict=True):
+                if grad_of(p).is_sparse:
                     raise RuntimeError(f"MuonFamily: sparse gradient for '{names[i]}'")
             index = None
             if len(pos) < len(group["params"]):
@@ -247,10 +269,12 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 if key not in self._index_cache:
                     self._index_cache[key] = torch.tensor(pos, device=ps[0].device)
                 index = self._index_cache[key]
-            work.append(GroupWork(gi, group, ps, [names[i] for i in pos], index))
+            consts = self._consts[gi]
+            s_host = consts["s_host"] if index is None else [consts["s_host"][i] for i in pos]
+            work.append(GroupWork(gi, group, ps, [names[i] for i in pos], index, consts["variant"], s_host))
         return work
 
-    def momentum_update(self, w: GroupWork) -> list[Tensor]:
+    def momentum_update(self, w: GroupWork) -> TensorList:
         """(a) M ← μM + G in place; returns M̂ = μM + G (Nesterov) or M itself, fp32."""
         mu = w.group["momentum"]
         bufs, grads = self._local_momenta(w), self._local_grads(w)
@@ -262,7 +286,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         torch._foreach_add_(m_hat, grads)
         return m_hat
 
-    def orthogonalize(self, w: GroupWork, m_hats: list[Tensor]) -> list[Tensor]:
+    def orthogonalize(self, w: GroupWork, m_hats: TensorList) -> list[Tensor]:
         """(b) Q = NS(M̂), batched by shape; returned in fp32 (the update is applied in fp32)."""
         g = w.group
         qs = newton_schulz_many(m_hats, g["ns_steps"], g["ns_coefficients"], g["ns_dtype"])
@@ -270,7 +294,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         return [q.float() for q in qs]
 
     def local_sums_of_squares(
-        self, work: list[GroupWork], m_hats: list[list[Tensor]], qs: list[list[Tensor]]
+        self, work: list[GroupWork], m_hats: list[TensorList], qs: list[list[Tensor]]
     ) -> tuple[Tensor, list[list[Tensor]]]:
         """Every norm the step needs, for every matrix, as one [N, N_COLS] fp32 tensor.
 
@@ -280,11 +304,11 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         for decoupled decay Q itself.
         """
         blocks, directions = [], []
-        for w, mh, q in zip(work, m_hats, qs):
-            g, v = w.group, _variant(w.group)
+        for w, mh, q in zip(work, m_hats, qs, strict=True):
+            g, v = w.group, w.variant
             wd = g["weight_decay"]
             ws = [p if p.dtype == torch.float32 else p.float() for p in self._local_params(w)]
-            s = [shape_factor(v.shape, p) for p in w.params]
+            s = w.s
             diag = self.track_diagnostics
             zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
             cols = [zeros] * N_COLS
@@ -308,7 +332,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                     torch._foreach_add_(d, ws, alpha=wd)
                     cols[COL_D] = sums_of_squares(d)
                 if diag:  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
-                    cols[COL_WQ] = torch.stack([(a * b).sum() for a, b in zip(ws, q)])
+                    cols[COL_WQ] = torch.stack([(a * b).sum() for a, b in zip(ws, q, strict=True)])
             blocks.append(torch.stack(cols, dim=1))
             directions.append(q)
         return torch.cat(blocks), directions
@@ -317,17 +341,15 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         """Hook for sharded execution (one all_reduce of local partial sums); identity here."""
         return sums
 
-    def apply_updates(
-        self, work: list[GroupWork], sums: Tensor, directions: list[list[Tensor]]
-    ) -> None:
+    def apply_updates(self, work: list[GroupWork], sums: Tensor, directions: list[list[Tensor]]) -> None:
         """(c) norms → calibration → trust ratio → in-place update, plus device-side diagnostics."""
         row = 0
-        for w, dirs in zip(work, directions):
+        for w, dirs in zip(work, directions, strict=True):
             n = len(w.params)
             params = self._local_params(w)
-            sq = sums[row:row + n]
+            sq = sums[row : row + n]
             row += n
-            g, v = w.group, _variant(w.group)
+            g, v = w.group, w.variant
             lr, wd, eps = g["lr"], g["weight_decay"], g["eps"]
             r_min, r_max = g["r_min"], g["r_max"]
             consts = self._consts[w.group_index]
@@ -360,14 +382,13 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                     if wd != 0:
                         torch._foreach_mul_(params, 1.0 - lr * wd)
                     coef = -lr * r * s  # W += coef·Q
-                for p, direction, k in zip(params, dirs, coef.unbind(0)):
+                for p, direction, k in zip(params, dirs, coef.unbind(0), strict=True):
                     p.addcmul_(direction, k)  # k is a 0-d device tensor: no host sync
 
             if self.track_diagnostics:
                 self._record(w, v, sq, r_raw, r, c_diag, s)
 
-    def _record(self, w: GroupWork, v: Variant, sq: Tensor, r_raw: Tensor, r: Tensor,
-                c: Tensor, s: Tensor) -> None:
+    def _record(self, w: GroupWork, v: Variant, sq: Tensor, r_raw: Tensor, r: Tensor, c: Tensor, s: Tensor) -> None:
         """Per-matrix diagnostics of this step, kept on the device (see diagnostics.STEP_FIELDS)."""
         g = w.group
         lr, wd = g["lr"], g["weight_decay"]
@@ -383,8 +404,16 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self.record_step(w.group_index, w.names, w.index, [r_raw, r, w_n, q_n, ratio, c], clip)
 
     def _calibration(
-        self, w: GroupWork, v: Variant, num: Tensor, den: Optional[Tensor], g_n: Tensor,
-        w_n: Tensor, s: Tensor, lr: float, eps: float,
+        self,
+        w: GroupWork,
+        v: Variant,
+        num: Tensor,
+        den: Tensor | None,
+        g_n: Tensor,
+        w_n: Tensor,
+        s: Tensor,
+        lr: float,
+        eps: float,
     ) -> tuple[Tensor, Tensor]:
         """(c used in the ratio, c for diagnostics). Lazy: set once, where still 0 and the step
         has lr > 0, ‖G‖ > 0 and ‖W‖ > 0, to num₀/den₀ (= ‖W₀‖/‖D₀‖), or s if either is < ε."""

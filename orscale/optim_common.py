@@ -3,16 +3,26 @@ per-tensor sums of squares that each step's single all-reduce carries."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-ParamsT = Union[Iterable[Tensor], Iterable[tuple[str, Tensor]], Iterable[dict[str, Any]]]
+ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
+# What torch._foreach_* take and return (their outputs are tuples).
+TensorList = list[Tensor] | tuple[Tensor, ...]
 
 
-def call_closure(closure: Optional[Callable[[], float]]) -> Optional[float]:
+def grad_of(p: Tensor) -> Tensor:
+    """`p.grad`, for a parameter already selected as having one."""
+    g = p.grad
+    if g is None:
+        raise RuntimeError("a parameter selected for this step has no gradient")
+    return g
+
+
+def call_closure(closure: Callable[[], float] | None) -> float | None:
     """torch.optim's contract: re-evaluate the loss with gradients enabled inside a no-grad step."""
     if closure is None:
         return None
@@ -20,7 +30,7 @@ def call_closure(closure: Optional[Callable[[], float]]) -> Optional[float]:
         return closure()
 
 
-def sums_of_squares(xs: list[Tensor]) -> Tensor:
+def sums_of_squares(xs: TensorList) -> Tensor:
     """[len(xs)] tensor of Σx² per tensor. _foreach_norm is one fused kernel per dtype/device on
     GPU; squaring back is exact enough (fp32 relative error ~1e-7) and keeps each entry a sum of
     squares, so partial sums over shards add up under all-reduce."""

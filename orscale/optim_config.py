@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass, field
 
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
-from orscale.variants import PRESETS
+from orscale.variants import VARIANTS
 
 # Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, seed 000).
 ELEMENTWISE: tuple[str, ...] = ("cbp", "lamb", "lars")
-OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(PRESETS) + ELEMENTWISE
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(VARIANTS) + ELEMENTWISE
 
 
 class OptimConfigError(ValueError):
@@ -52,18 +52,28 @@ class OptimConfig:
     def validate(self) -> None:
         """Raise OptimConfigError (one line) for a value no optimizer can run with."""
         checks = (
-            (self.name in OPTIMIZER_NAMES,
-             f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}"),
-            (self.ns_coefficients in NS_COEFFICIENT_SETS,
-             f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}"),
+            (
+                self.name in OPTIMIZER_NAMES,
+                f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}",
+            ),
+            (
+                self.ns_coefficients in NS_COEFFICIENT_SETS,
+                f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}",
+            ),
             (math.isfinite(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr}"),
-            (math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-             f"optim.weight_decay must be >= 0, got {self.weight_decay}"),
-            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-             f"optim.betas must be two numbers in [0, 1), got {self.betas}"),
+            (
+                math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                f"optim.weight_decay must be >= 0, got {self.weight_decay}",
+            ),
+            (
+                len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                f"optim.betas must be two numbers in [0, 1), got {self.betas}",
+            ),
             (0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}"),
-            (0 < self.r_min <= self.r_max < math.inf,
-             f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})"),
+            (
+                0 < self.r_min <= self.r_max < math.inf,
+                f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})",
+            ),
             (self.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {self.ns_dtype!r}"),
             (self.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {self.ns_steps}"),
             (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
@@ -73,10 +83,14 @@ class OptimConfig:
             (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
             (0 < self.cbp_zeta < math.inf, f"optim.cbp_zeta must be > 0, got {self.cbp_zeta}"),
             (0 <= self.cbp_rho < 1, f"optim.cbp_rho must be in [0, 1), got {self.cbp_rho}"),
-            (0 < self.cbp_s_min <= self.cbp_s_max < math.inf,
-             f"optim.cbp_s_min ({self.cbp_s_min}) must be > 0 and <= optim.cbp_s_max ({self.cbp_s_max})"),
-            (0 < self.lars_trust_coefficient < math.inf,
-             f"optim.lars_trust_coefficient must be > 0, got {self.lars_trust_coefficient}"),
+            (
+                0 < self.cbp_s_min <= self.cbp_s_max < math.inf,
+                f"optim.cbp_s_min ({self.cbp_s_min}) must be > 0 and <= optim.cbp_s_max ({self.cbp_s_max})",
+            ),
+            (
+                0 < self.lars_trust_coefficient < math.inf,
+                f"optim.lars_trust_coefficient must be > 0, got {self.lars_trust_coefficient}",
+            ),
         )
         for ok, message in checks:
             if not ok:

@@ -33,9 +33,7 @@ NamedParams = list[tuple[str, nn.Parameter]]
 
 # Wrappers that prefix parameter names without changing the model: torch.compile, DDP,
 # activation checkpointing, FSDP1. Routing looks at the name with these removed.
-_WRAPPER_PREFIX = re.compile(
-    r"(^|\.)(_orig_mod|module|_fsdp_wrapped_module|_checkpoint_wrapped_module)\."
-)
+_WRAPPER_PREFIX = re.compile(r"(^|\.)(_orig_mod|module|_fsdp_wrapped_module|_checkpoint_wrapped_module)\.")
 
 
 def canonical_name(name: str) -> str:
@@ -69,14 +67,20 @@ def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) 
     wd = cfg.weight_decay
     if cfg.name == "cbp":
         exempt = cfg.exempt_norms_and_embeddings
-        groups = [{"params": [(n, p) for n, p in mats if not (exempt and id(p) in emb)], "weight_decay": wd,
-                   "role": "matrices"},
-                  {"params": [(n, p) for n, p in mats if exempt and id(p) in emb], "weight_decay": 0.0,
-                   "role": "embedding"},
-                  {"params": vecs, "weight_decay": 0.0 if exempt else wd, "role": "vectors"}]
+        groups = [
+            {
+                "params": [(n, p) for n, p in mats if not (exempt and id(p) in emb)],
+                "weight_decay": wd,
+                "role": "matrices",
+            },
+            {"params": [(n, p) for n, p in mats if exempt and id(p) in emb], "weight_decay": 0.0, "role": "embedding"},
+            {"params": vecs, "weight_decay": 0.0 if exempt else wd, "role": "vectors"},
+        ]
     else:  # LAMB, LARS: trust ratio and decay on matrices, neither on 1-D tensors
-        groups = [{"params": mats, "weight_decay": wd, "trust": True, "role": "matrices"},
-                  {"params": vecs, "weight_decay": 0.0, "trust": False, "role": "vectors"}]
+        groups = [
+            {"params": mats, "weight_decay": wd, "trust": True, "role": "matrices"},
+            {"params": vecs, "weight_decay": 0.0, "trust": False, "role": "vectors"},
+        ]
     return [g for g in groups if g["params"]]
 
 
@@ -87,12 +91,14 @@ def _adamw_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) -> lis
     if not cfg.exempt_norms_and_embeddings:
         return [{"params": named, "weight_decay": cfg.weight_decay}]
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    exempt_ids = {id(p) for n, p in named
-                  if p.ndim < 2 or id(p) in emb or canonical_name(n) == "tok_emb.weight"}
+    exempt_ids = {id(p) for n, p in named if p.ndim < 2 or id(p) in emb or canonical_name(n) == "tok_emb.weight"}
     decayed = [(n, p) for n, p in named if id(p) not in exempt_ids]
     exempt = [(n, p) for n, p in named if id(p) in exempt_ids]
-    return [g for g in ({"params": decayed, "weight_decay": cfg.weight_decay},
-                        {"params": exempt, "weight_decay": 0.0}) if g["params"]]
+    return [
+        g
+        for g in ({"params": decayed, "weight_decay": cfg.weight_decay}, {"params": exempt, "weight_decay": 0.0})
+        if g["params"]
+    ]
 
 
 def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
@@ -106,7 +112,8 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
         return Routing([], [], _elementwise_groups(named, model, cfg))
     matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
     if not matrices:
-        raise ValueError(f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to "
-                         "orthogonalise; is this the GPT model?")
+        raise ValueError(
+            f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to orthogonalise; is this the GPT model?"
+        )
     rest = [(n, p) for n, p in named if not is_matrix_param(n, p)]
     return Routing(matrices, _adamw_groups(rest, model, cfg))

@@ -20,24 +20,26 @@ step counts as Python ints, every norm of the step in ONE tensor of sums of squa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any, overload
 
 import torch
 from torch import Tensor
 
-from orscale.optim_common import ParamsT, call_closure, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
 
 
-def trust_ratio_param_groups(named_params: Iterable[tuple[str, Tensor]],
-                             weight_decay: float) -> list[dict[str, Any]]:
+def trust_ratio_param_groups(named_params: Iterable[tuple[str, Tensor]], weight_decay: float) -> list[dict[str, Any]]:
     """Two groups: tensors with ndim ≥ 2 (trust ratio, decay λ) and 1-D/0-D ones (biases, norm
     gains: no trust ratio, no decay). Empty groups are dropped."""
-    mats, vecs = [], []
+    mats: list[tuple[str, Tensor]] = []
+    vecs: list[tuple[str, Tensor]] = []
     for name, p in named_params:
         (mats if p.ndim >= 2 else vecs).append((name, p))
-    groups = [dict(params=mats, trust=True, weight_decay=weight_decay),
-              dict(params=vecs, trust=False, weight_decay=0.0)]
+    groups = [
+        dict(params=mats, trust=True, weight_decay=weight_decay),
+        dict(params=vecs, trust=False, weight_decay=0.0),
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -67,7 +69,7 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        for sid, p in zip(saved_ids, params):
+        for sid, p in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(sid, {})
             for key in self._state_keys:
                 value = saved.get(key)
@@ -92,7 +94,7 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
             if group["lr"] == 0:  # host float: an lr = 0 step changes nothing
                 continue
             ps = [p for p in group["params"] if p.grad is not None]
-            if any(p.grad.is_sparse for p in ps):
+            if any(grad_of(p).is_sparse for p in ps):
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
             if ps:
                 out.append((group, ps))
@@ -102,28 +104,34 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
         return [t if t.dtype == torch.float32 else t.float() for t in map(self._local, ts)]
 
     @staticmethod
-    def _apply(params: list[Tensor], directions: list[Tensor], coef: list[Tensor]) -> None:
+    def _apply(params: TensorList, directions: TensorList, coef: TensorList) -> None:
         """p ← p + coef·d per tensor; coef are 0-d device tensors (no host sync)."""
-        for p, d, k in zip(params, directions, coef):
+        for p, d, k in zip(params, directions, coef, strict=True):
             if p.dtype == torch.float32:
                 p.addcmul_(d, k)
             else:
                 p.add_((d * k).to(p.dtype))
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = call_closure(closure)
         work = self._groups()
         if not work:
             return loss
         prepared = [self._prepare(group, ps) for group, ps in work]
-        cols = [c for (g, _), (_, c) in zip(work, prepared) if g["trust"]]
+        cols = [c for (g, _), (_, c) in zip(work, prepared, strict=True) if g["trust"] and c is not None]
         sums = self.reduce_block_sums(torch.cat(cols)) if cols else None
         row = 0
-        for (group, ps), (dirs, _) in zip(work, prepared):
+        for (group, ps), (dirs, _) in zip(work, prepared, strict=True):
             n = len(ps)
-            if group["trust"]:
-                norms = sums[row:row + n].clamp_min(0).sqrt()
+            if group["trust"] and sums is not None:
+                norms = sums[row : row + n].clamp_min(0).sqrt()
                 row += n
                 r = self._trust(group, norms)
             else:
@@ -131,13 +139,13 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
             self._finish(group, ps, dirs, r)
         return loss
 
-    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[TensorList, Tensor | None]:
         raise NotImplementedError
 
     def _trust(self, group: dict[str, Any], norms: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: list[Tensor], r: Tensor) -> None:
+    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: TensorList, r: Tensor) -> None:
         raise NotImplementedError
 
 
@@ -146,32 +154,38 @@ class LAMB(_TrustRatioOptimizer):
 
     _state_keys = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0, trust: bool = True) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        trust: bool = True,
+    ) -> None:
         if lr < 0 or weight_decay < 0 or eps < 0:
             raise ValueError(f"lr ({lr}), weight_decay ({weight_decay}), eps ({eps}) must be >= 0")
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, trust=trust))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, trust=trust))
 
-    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[TensorList, Tensor | None]:
         (b1, b2), eps, wd = group["betas"], group["eps"], group["weight_decay"]
         states = [self.state[p] for p in ps]
         for st in states:
             st["step"] += 1
         steps = [st["step"] for st in states]
-        grads = self._fp32(p.grad for p in ps)
+        grads = self._fp32(grad_of(p) for p in ps)
         m = [self._local(st["exp_avg"]) for st in states]
         v = [self._local(st["exp_avg_sq"]) for st in states]
         torch._foreach_lerp_(m, grads, 1.0 - b1)
         torch._foreach_mul_(v, b2)
         torch._foreach_addcmul_(v, grads, grads, value=1.0 - b2)
         denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, [math.sqrt(1.0 - b2 ** t) for t in steps])
+        torch._foreach_div_(denom, [math.sqrt(1.0 - b2**t) for t in steps])
         torch._foreach_add_(denom, eps)  # √v̂ + ε
         d = torch._foreach_div(m, denom)
-        torch._foreach_div_(d, [1.0 - b1 ** t for t in steps])  # u = m̂/(√v̂ + ε)
+        torch._foreach_div_(d, [1.0 - b1**t for t in steps])  # u = m̂/(√v̂ + ε)
         weights = self._fp32(ps)
         if wd != 0:
             torch._foreach_add_(d, weights, alpha=wd)  # d = u + λp
@@ -182,7 +196,7 @@ class LAMB(_TrustRatioOptimizer):
         w, d = norms[:, 0], norms[:, 1]
         return _ratio(w, d, w, d)
 
-    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: list[Tensor], r: Tensor) -> None:
+    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: TensorList, r: Tensor) -> None:
         self._apply([self._local(p) for p in ps], dirs, list((-group["lr"] * r).unbind(0)))
 
 
@@ -191,20 +205,36 @@ class LARS(_TrustRatioOptimizer):
 
     _state_keys = ("momentum_buffer",)
 
-    def __init__(self, params: ParamsT, lr: float = 1.0, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 1e-3, eps: float = 1e-8,
-                 trust: bool = True) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 1e-3,
+        eps: float = 1e-8,
+        trust: bool = True,
+    ) -> None:
         if lr < 0 or weight_decay < 0 or eps < 0 or trust_coefficient <= 0:
             raise ValueError("need lr, weight_decay, eps >= 0 and trust_coefficient > 0")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                      trust_coefficient=trust_coefficient, eps=eps, trust=trust))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                trust_coefficient=trust_coefficient,
+                eps=eps,
+                trust=trust,
+            ),
+        )
 
-    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+    def _prepare(self, group: dict[str, Any], ps: list[Tensor]) -> tuple[TensorList, Tensor | None]:
         for p in ps:
             self.state[p]["step"] += 1
-        grads = self._fp32(p.grad for p in ps)
+        grads = self._fp32(grad_of(p) for p in ps)
         weights = self._fp32(ps)
         cols = torch.stack([sums_of_squares(weights), sums_of_squares(grads)], dim=1) if group["trust"] else None
         wd = group["weight_decay"]
@@ -216,14 +246,14 @@ class LARS(_TrustRatioOptimizer):
         den = g + group["weight_decay"] * w + group["eps"]
         return _ratio(group["trust_coefficient"] * w, den, w, g)
 
-    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: list[Tensor], r: Tensor) -> None:
+    def _finish(self, group: dict[str, Any], ps: list[Tensor], dirs: TensorList, r: Tensor) -> None:
         bufs = [self._local(self.state[p]["momentum_buffer"]) for p in ps]
         torch._foreach_mul_(bufs, group["momentum"])
-        for b, d, k in zip(bufs, dirs, r.unbind(0)):
+        for b, d, k in zip(bufs, dirs, r.unbind(0), strict=True):
             b.addcmul_(d, k)  # b ← μb + r·(g + λp)
         params = [self._local(p) for p in ps]
         if all(p.dtype == torch.float32 for p in params):
             torch._foreach_add_(params, bufs, alpha=-group["lr"])
         else:
-            for p, b in zip(params, bufs):
+            for p, b in zip(params, bufs, strict=True):
                 p.add_((b * -group["lr"]).to(p.dtype))

@@ -37,21 +37,24 @@ class Variant:
     calibration: str
 
     def __post_init__(self) -> None:
-        for field, allowed in (("shape", SHAPES), ("denominator", DENOMINATORS),
-                               ("decay", DECAYS), ("calibration", CALIBRATIONS)):
+        for field, allowed in (
+            ("shape", SHAPES),
+            ("denominator", DENOMINATORS),
+            ("decay", DECAYS),
+            ("calibration", CALIBRATIONS),
+        ):
             value = getattr(self, field)
             if value not in allowed:
-                raise ValueError(f"Muon-family {field} must be one of {', '.join(allowed)}; "
-                                 f"got {value!r}")
+                raise ValueError(f"Muon-family {field} must be one of {', '.join(allowed)}; got {value!r}")
         if self.denominator == "none" and self.calibration != "none":
             raise ValueError("calibration='lazy' needs a trust ratio (denominator != 'none')")
 
-    def replace(self, **changes: str) -> "Variant":
+    def replace(self, **changes: str | None) -> Variant:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 # SPEC §2 (baselines) and §3 (the trust-ratio design space), row by row.
-PRESETS: dict[str, Variant] = {
+VARIANTS: dict[str, Variant] = {
     "muon": Variant("one", "none", "decoupled", "none"),
     "muon_moonlight": Variant("moonlight", "none", "decoupled", "none"),
     "orscale": Variant("one", "update", "coupled", "none"),
@@ -66,6 +69,6 @@ PRESETS: dict[str, Variant] = {
 
 
 def get_variant(name: str) -> Variant:
-    if name not in PRESETS:
-        raise ValueError(f"unknown Muon-family preset {name!r}; valid: {', '.join(PRESETS)}")
-    return PRESETS[name]
+    if name not in VARIANTS:
+        raise ValueError(f"unknown Muon-family preset {name!r}; valid: {', '.join(VARIANTS)}")
+    return VARIANTS[name]

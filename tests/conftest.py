@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = [str(ROOT / "assets/corpus/fineweb_edu_sample10BT_first150.jsonl"),
-          str(ROOT / "assets/corpus/fineweb_sample10BT_first300.jsonl")]
+CORPUS = [
+    str(ROOT / "assets/corpus/fineweb_edu_sample10BT_first150.jsonl"),
+    str(ROOT / "assets/corpus/fineweb_sample10BT_first300.jsonl"),
+]
 GPT2_DIR = str(ROOT / "assets/tokenizers/gpt2")
 SP_MODEL = str(ROOT / "assets/tokenizers/mistral_v1/tokenizer.model")
 
@@ -40,7 +42,15 @@ def gpt2_tokenizer():
 def data_config(**kw):
     from data import DataConfig
 
-    base = dict(source="json", data_files=list(CORPUS), tokenizer=GPT2_DIR, seq_len=64, val_tokens=1024,
-                logical_shards=4, encode_batch_docs=16, piece_bytes=32768)
+    base = dict(
+        source="json",
+        data_files=list(CORPUS),
+        tokenizer=GPT2_DIR,
+        seq_len=64,
+        val_tokens=1024,
+        logical_shards=4,
+        encode_batch_docs=16,
+        piece_bytes=32768,
+    )
     base.update(kw)
     return DataConfig(**base)

@@ -12,9 +12,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs/tiny.yaml")
 # A small, fast variant of the tiny config: 2 layers, d 64, 64-token windows, 512 tokens/step.
-SMALL = ["model.n_layer=2", "model.d_model=64", "data.seq_len=64", "model.max_seq_len=64", "data.val_tokens=1024",
-         "train.tokens_per_step=512", "train.micro_batch_size=4", "train.progress=false", "optim.warmup_steps=3",
-         "train.log_every=1", "data.logical_shards=4", "optim.ns_dtype=fp32"]
+SMALL = [
+    "model.n_layer=2",
+    "model.d_model=64",
+    "data.seq_len=64",
+    "model.max_seq_len=64",
+    "data.val_tokens=1024",
+    "train.tokens_per_step=512",
+    "train.micro_batch_size=4",
+    "train.progress=false",
+    "optim.warmup_steps=3",
+    "train.log_every=1",
+    "data.logical_shards=4",
+    "optim.ns_dtype=fp32",
+]
 
 
 def free_port() -> int:
@@ -26,19 +37,37 @@ def free_port() -> int:
 def train_cmd(overrides: list[str], nproc: int = 1) -> list[str]:
     if nproc == 1:
         return [sys.executable, str(ROOT / "train.py"), "--config", TINY, *SMALL, *overrides]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}", str(ROOT / "train.py"), "--config", TINY, *SMALL, *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        str(ROOT / "train.py"),
+        "--config",
+        TINY,
+        *SMALL,
+        *overrides,
+    ]
 
 
 def env() -> dict[str, str]:
-    out = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", DS_ACCELERATOR="cpu",
-               HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    out = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        DS_ACCELERATOR="cpu",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(ROOT),
+    )
     return out
 
 
 def run_train(overrides: list[str], nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run(train_cmd(overrides, nproc), cwd=ROOT, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        train_cmd(overrides, nproc), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

@@ -8,7 +8,7 @@ every rank runs every NS, no communication (the single-process step).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, Layout, OwnerMuonFamily, all_gather_into
 from orscale.newton_schulz import resolve_ns_dtype
-from orscale.optim_common import ParamsT
+from orscale.optim_common import ParamsT, TensorList
 
 
 class ReplicatedMuonFamily(OwnerMuonFamily):
@@ -27,17 +27,24 @@ class ReplicatedMuonFamily(OwnerMuonFamily):
     (a single process without ``torch.distributed`` runs the plain step).
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, weight_decay: float = 0.1, *,
-                 mode: str = "owner", bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 process_group: Optional[dist.ProcessGroup] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        *,
+        mode: str = "owner",
+        bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+        process_group: dist.ProcessGroup | None = None,
+        **kwargs: Any,
+    ) -> None:
         if dist.is_available() and dist.is_initialized():
             self._group = process_group
             self._rank = dist.get_rank(process_group)
             self._world = dist.get_world_size(process_group)
         super().__init__(params, lr, weight_decay, mode=mode, bucket_numel=bucket_numel, **kwargs)
 
-    def _orthogonalize_bucket(self, group: dict[str, Any], m_hats: list[Tensor],
-                              lays: list[Layout]) -> list[Tensor]:
+    def _orthogonalize_bucket(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> list[Tensor]:
         R, W = self._rank, self._world
         by_owner = [[k for k, lay in enumerate(lays) if lay.owner == d] for d in range(W)]
         sizes = [sum(lays[k].m * lays[k].n for k in ks) for ks in by_owner]
@@ -46,13 +53,13 @@ class ReplicatedMuonFamily(OwnerMuonFamily):
         dtype = resolve_ns_dtype(group["ns_dtype"])
         send = torch.zeros(width, dtype=dtype, device=m_hats[0].device)
         if qs:
-            send[:sizes[R]].copy_(torch.cat([q.reshape(-1) for q in qs]))
+            send[: sizes[R]].copy_(torch.cat([q.reshape(-1) for q in qs]))
         recv = send.new_empty(W * width)
         all_gather_into(recv, send, self._group)
         self._sent((W - 1) * send.numel() * send.element_size())
-        out: list[Tensor] = [None] * len(lays)  # type: ignore[list-item]
+        out: dict[int, Tensor] = {}
         for s, part in enumerate(recv.view(W, width)):
             ks = by_owner[s]
-            for k, t in zip(ks, part[:sizes[s]].split([lays[k].m * lays[k].n for k in ks])):
+            for k, t in zip(ks, part[: sizes[s]].split([lays[k].m * lays[k].n for k in ks]), strict=True):
                 out[k] = t.view(lays[k].m, lays[k].n).float()
-        return out
+        return [out[k] for k in range(len(lays))]

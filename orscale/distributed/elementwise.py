@@ -9,8 +9,9 @@ as they are (gradients are already averaged; every rank holds whole tensors).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -18,10 +19,10 @@ from orscale.cbp import CBP
 from orscale.trust_ratio import LAMB, LARS
 
 
-class _DTensorBlocks:
+class _DTensorBlocks(torch.optim.Optimizer):
     """Mixin: local shards for the arithmetic, one all-reduce for the per-block sums."""
 
-    _group: Optional[dist.ProcessGroup] = None
+    _group: dist.ProcessGroup | None = None
 
     def _local(self, t: Tensor) -> Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
@@ -39,7 +40,7 @@ class _DTensorBlocks:
                 if mesh.ndim != 1:
                     raise NotImplementedError(f"{type(self).__name__} supports a 1-D device mesh")
                 self._group = mesh.get_group()
-        super().add_param_group(param_group)  # type: ignore[misc]
+        super().add_param_group(param_group)
 
 
 class ShardedCBP(_DTensorBlocks, CBP):
@@ -52,3 +53,11 @@ class ShardedLAMB(_DTensorBlocks, LAMB):
 
 class ShardedLARS(_DTensorBlocks, LARS):
     pass
+
+
+# What FSDP2 runs for each elementwise optimizer name (orscale.factories.elementwise_optimizer).
+SHARDED_ELEMENTWISE: dict[str, type[torch.optim.Optimizer]] = {
+    "cbp": ShardedCBP,
+    "lamb": ShardedLAMB,
+    "lars": ShardedLARS,
+}

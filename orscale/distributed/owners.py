@@ -20,7 +20,7 @@ ranks; all_gather and all_reduce count a ring algorithm's (W−1)·chunk and 2(W
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from orscale.muon_family import GroupWork, MuonFamily
 from orscale.newton_schulz import newton_schulz_many
-from orscale.optim_common import ParamsT
+from orscale.optim_common import ParamsT, TensorList
 
 MODES = ("owner", "replicate")
 DEFAULT_BUCKET_NUMEL = 1 << 27  # whole-matrix elements per bucket (512 MB of fp32 M̂)
@@ -74,7 +74,7 @@ def make_buckets(numels: list[int], cap: int) -> list[list[int]]:
     return out
 
 
-def all_gather_into(out: Tensor, inp: Tensor, group: Optional[dist.ProcessGroup]) -> None:
+def all_gather_into(out: Tensor, inp: Tensor, group: dist.ProcessGroup | None) -> None:
     """Every rank's equal-size `inp`, rank-major, into `out` (newer torch: all_gather_single)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(out, inp, group=group)
@@ -98,13 +98,20 @@ class OwnerMuonFamily(MuonFamily):
 
     _sharded_rows = False  # params are row shards (FSDP2) rather than whole replicated matrices
     # set by the subclasses before the first _build_consts (defaults: a single process)
-    _group: Optional[dist.ProcessGroup] = None
+    _group: dist.ProcessGroup | None = None
     _rank = 0
     _world = 1
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, weight_decay: float = 0.1, *,
-                 mode: str = "owner", bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        *,
+        mode: str = "owner",
+        bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+        **kwargs: Any,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if bucket_numel < 1:
@@ -118,10 +125,9 @@ class OwnerMuonFamily(MuonFamily):
         ps = [p for g in self.param_groups for p in g["params"]]
         owners = assign_owners([tuple(p.shape) for p in ps], self._world)
         self._layout = {}
-        for p, o in zip(ps, owners):
+        for p, o in zip(ps, owners, strict=True):
             m, n = p.shape
-            rows, starts = (row_split(m, self._world) if self._sharded_rows
-                            else ((m,) * self._world, (0,) * self._world))
+            rows, starts = row_split(m, self._world) if self._sharded_rows else ((m,) * self._world, (0,) * self._world)
             self._layout[id(p)] = Layout(o, m, n, rows, starts)
 
     def owners(self) -> list[list[int]]:
@@ -137,25 +143,19 @@ class OwnerMuonFamily(MuonFamily):
         self.ns_calls += len(mats)
         if not mats:
             return []
-        return newton_schulz_many(mats, group["ns_steps"], group["ns_coefficients"],
-                                  group["ns_dtype"])
+        return newton_schulz_many(mats, group["ns_steps"], group["ns_coefficients"], group["ns_dtype"])
 
-    def orthogonalize(self, w: GroupWork, m_hats: list[Tensor]) -> list[Tensor]:
+    def orthogonalize(self, w: GroupWork, m_hats: TensorList) -> list[Tensor]:
         """(b), distributed: per bucket of matrices, ``_orthogonalize_bucket`` returns this
         rank's part of Q (local rows, or the whole matrix when replicated) in fp32."""
         if self._world == 1 or (self.mode == "replicate" and not self._sharded_rows):
             return super().orthogonalize(w, m_hats)
         lays = [self._layout[id(p)] for p in w.params]
-        qs: list[Tensor] = [None] * len(m_hats)  # type: ignore[list-item]
+        qs: dict[int, Tensor] = {}
         for bucket in make_buckets([lay.m * lay.n for lay in lays], self.bucket_numel):
-            out = self._orthogonalize_bucket(w.group, [m_hats[i] for i in bucket],
-                                             [lays[i] for i in bucket])
-            for i, q in zip(bucket, out):
-                qs[i] = q
-        return qs
+            out = self._orthogonalize_bucket(w.group, [m_hats[i] for i in bucket], [lays[i] for i in bucket])
+            qs.update(zip(bucket, out, strict=True))
+        return [qs[i] for i in range(len(m_hats))]
 
-    def _orthogonalize_bucket(self, group: dict[str, Any], m_hats: list[Tensor],
-                              lays: list[Layout]) -> list[Tensor]:
+    def _orthogonalize_bucket(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> list[Tensor]:
         raise NotImplementedError
-
-

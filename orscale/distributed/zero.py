@@ -24,8 +24,9 @@ from ours); instead:
 
 The same owner machinery runs CBP, LAMB and LARS: their whole tensors (every parameter) go to
 owners, which run the single-process optimizer on them, so per-tensor norms need no reduction;
-CBP's equalisation target c (a mean over every block of a group) takes one all-reduce of
-(sum of energies, count) per group, done here for every rank, owner of blocks or not.
+a statistic an optimizer needs over every rank's tensors (CBP's equalisation target, a mean over
+every block of a group) is its own hook (``orscale.factories.owner_hooks``), called on every rank,
+owner of tensors or not.
 
 Momentum and calibration constants of the matrices live in the owner's ``MuonFamily``;
 ``orscale.distributed.zero_checkpoint`` saves them, and the AdamW moments of the flat partitions,
@@ -35,20 +36,18 @@ by parameter name, so a ZeRO checkpoint loads at any data-parallel size.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from orscale.builder import adamw, elementwise_optimizer, muon_family_kwargs
-from orscale.cbp import summarize_cbp
-from orscale.diagnostics import summarize
-from orscale.distributed.zero_layout import MatrixLayout, Piece, build_layout, zero_group_layout
+from orscale.distributed.zero_layout import MatrixLayout, Span, build_layout, zero_group_layout
+from orscale.factories import adamw, elementwise_optimizer, muon_family_kwargs, owner_hooks
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
 from orscale.routing import route_parameters
-from orscale.variants import PRESETS
 
 # Optimizers this client can run under ZeRO-1/2: every one.
 ZERO_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_NAMES
@@ -65,16 +64,19 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, model: nn.Module, cfg: OptimConfig) -> None:
         if cfg.name not in ZERO_OPTIMIZERS:
-            raise ValueError(f"ZeroShardedOptimizer cannot run optim.name={cfg.name!r}; "
-                             f"it runs {', '.join(ZERO_OPTIMIZERS)}")
+            raise ValueError(
+                f"ZeroShardedOptimizer cannot run optim.name={cfg.name!r}; it runs {', '.join(ZERO_OPTIMIZERS)}"
+            )
         self.cfg = cfg
+        self._hooks = owner_hooks(cfg)
         routing = route_parameters(model, cfg)
         self._routing = routing
         groups: list[dict[str, Any]] = []
         owned_params = routing.matrices or [np for g in routing.elementwise for np in g["params"]]
         if owned_params:
-            groups.append({"params": [p for _, p in owned_params], ROLE: "matrix", "lr": cfg.lr,
-                           "weight_decay": cfg.weight_decay})
+            groups.append(
+                {"params": [p for _, p in owned_params], ROLE: "matrix", "lr": cfg.lr, "weight_decay": cfg.weight_decay}
+            )
         adam_groups = []
         # The same groups (decay / exemption) and hyperparameters as the single-process AdamW.
         for g in adamw(routing.adamw_groups, cfg).param_groups if routing.adamw_groups else []:
@@ -87,20 +89,20 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
         # the same state dict, so a checkpoint of this optimizer includes its moments.
         self._adam = torch.optim.AdamW(adam_groups) if adam_groups else None
-        self._muon: Optional[torch.optim.Optimizer] = None  # the owner-side optimizer (any family)
-        self._layout: Optional[MatrixLayout] = None
+        self._muon: torch.optim.Optimizer | None = None  # the owner-side optimizer (any family)
+        self._layout: MatrixLayout | None = None
         self._staging: list[Tensor] = []  # owned matrices, whole, fp32 (the MuonFamily params)
-        self._part: Optional[Tensor] = None  # the matrix group's master partition (DeepSpeed's)
+        self._part: Tensor | None = None  # the matrix group's master partition (DeepSpeed's)
         self._split: list[bool] = []  # per owned matrix: straddles a partition boundary
-        self._kept_split: list[Piece] = []  # this rank's own pieces of split matrices it owns
+        self._kept_split: list[Span] = []  # this rank's own pieces of split matrices it owns
         self._grad_norm: Callable[[], Any] = lambda: None
         self._max_norm = 0.0
         self._group: Any = None  # DeepSpeed's data-parallel process group of the matrix group
         self._device = torch.device("cpu")
         # Optional: given the step's global raw gradient norm, whether to skip its update (the
         # trainer's spike guard); asked once per step, at the first group, on every rank.
-        self.skip_update: Optional[Callable[[Any], bool]] = None
-        self._skip: Optional[bool] = None
+        self.skip_update: Callable[[Any], bool] | None = None
+        self._skip: bool | None = None
         self._bound = False
 
     # ---------------------------------------------------------------- after deepspeed.initialize
@@ -119,14 +121,20 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             part = group["params"][0]
             # Our reading of the layout must agree with DeepSpeed's: the master partition is a copy
             # of this rank's slice of the flat buffer (one-time check).
-            if (part.numel() != P or part.dtype != torch.float32
-                    or not torch.equal(part, flat.narrow(0, rank * P, P).to(torch.float32))):
-                raise RuntimeError("the ZeRO master partition does not match the flat-buffer layout read "
-                                   f"from {type(zero_opt).__name__}; this DeepSpeed version is not supported")
+            if (
+                part.numel() != P
+                or part.dtype != torch.float32
+                or not torch.equal(part, flat.narrow(0, rank * P, P).to(torch.float32))
+            ):
+                raise RuntimeError(
+                    "the ZeRO master partition does not match the flat-buffer layout read "
+                    f"from {type(zero_opt).__name__}; this DeepSpeed version is not supported"
+                )
             if group[ROLE] == "matrix":
                 self._group, self._layout, self._device, self._part = pg, self._layouts[gi], part.device, part
         layout = self._layout
-        if layout is not None:
+        part = self._part
+        if layout is not None and part is not None:
             # A matrix that lies whole in this rank's partition is handed to MuonFamily as a view of
             # the master partition (updated in place, no copy); one that straddles a boundary gets a
             # persistent fp32 buffer that the exchange fills and empties every step.
@@ -136,11 +144,11 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             for k in layout.owned:
                 (first, *more) = layout.pieces[k]
                 if more:
-                    self._staging.append(torch.zeros(layout.shapes[k], dtype=torch.float32, device=self._part.device))
+                    self._staging.append(torch.zeros(layout.shapes[k], dtype=torch.float32, device=part.device))
                 else:
-                    self._staging.append(self._part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
+                    self._staging.append(part.detach().narrow(0, first.part_off, first.n).view(layout.shapes[k]))
             if self._staging:
-                owned = [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)]
+                owned = [(layout.names[k], w) for k, w in zip(layout.owned, self._staging, strict=True)]
                 self._muon = self._owner_optimizer(owned)
         self._bound = True
 
@@ -157,26 +165,15 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                 groups.append({**g, "params": params})
         return elementwise_optimizer(groups, self.cfg)
 
-    def _share_cbp_targets(self) -> None:
-        """CBP's c² per group (mean energy over the group's blocks with q > 0) over every rank's
-        blocks: one all_reduce of (sum, count) per role, on every rank, then set on the owner groups."""
-        roles = [g["role"] for g in self._routing.elementwise]
-        stats = torch.zeros(len(roles), 2, dtype=torch.float32, device=self._device)
-        owner = self._muon
-        if owner is not None:
-            for group in owner.param_groups:
-                q = torch.stack([owner.state[p]["q"] for p in group["params"]])
-                stats[roles.index(group["role"])] = torch.stack([torch.where(q > 0, q, 0).sum(), (q > 0).sum()])
-        if self._layout is not None and self._layout.world > 1:
-            dist.all_reduce(stats, group=self._group)
-        if owner is not None:
-            for group in owner.param_groups:
-                total, count = stats[roles.index(group["role"])].unbind(0)
-                group["c2_global"] = total / count.clamp_min(1)
-
     # ---------------------------------------------------------------- the step
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """DeepSpeed calls this once per group (ZeRO-1/2) or once for all groups (BF16 ZeRO-1)."""
         if closure is not None:
             raise RuntimeError("ZeroShardedOptimizer does not support closures")
@@ -197,7 +194,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                 self._matrix_step(group)
             else:
                 adam_groups.append(group)
-        if adam_groups:
+        if adam_groups and self._adam is not None:
             self._adam.param_groups = adam_groups
             self._adam.state = self.state
             self._adam.step()
@@ -207,32 +204,36 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         """Called before each DeepSpeed step: the next `step()` call asks `skip_update` afresh."""
         self._skip = None
 
-    def _clip_coefficient(self) -> Optional[Tensor]:
+    def _clip_coefficient(self) -> Tensor | None:
         """min(1, max_norm / (‖g‖ + 1e-6)) as clip_grad_norm_ computes it; None when disabled."""
         if not self._max_norm > 0 or math.isinf(self._max_norm):
             return None
         norm = self._grad_norm()
         if norm is None:
-            raise RuntimeError("DeepSpeed did not compute the global gradient norm "
-                               "(zero_optimization.compute_grad_norm must stay true)")
+            raise RuntimeError(
+                "DeepSpeed did not compute the global gradient norm "
+                "(zero_optimization.compute_grad_norm must stay true)"
+            )
         norm = torch.as_tensor(norm, dtype=torch.float32)
         return (self._max_norm / (norm + 1e-6)).clamp(max=1.0)
 
     def _matrix_step(self, group: dict[str, Any]) -> None:
         """Whole-matrix MuonFamily step at the owners; see the module docstring."""
         layout = self._layout
-        part = group["params"][0]  # this rank's fp32 master partition of the matrix group
-        if part is not self._part:
+        part: Tensor = group["params"][0]  # this rank's fp32 master partition of the matrix group
+        if layout is None or part is not self._part:
             raise RuntimeError("DeepSpeed replaced the ZeRO master partition after bind()")
         grad = part.grad if part.grad is not None else torch.zeros_like(part)
         split = self._split
-        grads = [torch.empty_like(w) if sp else grad.narrow(0, layout.pieces[k][0].part_off, w.numel()).view_as(w)
-                 for k, w, sp in zip(layout.owned, self._staging, split)]
+        grads = [
+            torch.empty_like(w) if sp else grad.narrow(0, layout.pieces[k][0].part_off, w.numel()).view_as(w)
+            for k, w, sp in zip(layout.owned, self._staging, split, strict=True)
+        ]
 
-        def local(t: Tensor, pc: Piece) -> Tensor:
+        def local(t: Tensor, pc: Span) -> Tensor:
             return t.narrow(0, pc.part_off, pc.n)
 
-        def whole(ts: list[Tensor], pc: Piece) -> Tensor:
+        def whole(ts: list[Tensor], pc: Span) -> Tensor:
             return ts[layout.slot[pc.k]].view(-1).narrow(0, pc.mat_off, pc.n)
 
         kept = self._kept_split
@@ -244,9 +245,14 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             chunks = []
             for lst in layout.outgoing:  # per peer: its G pieces, then its W pieces
                 chunks += [local(grad, pc) for pc in lst] + [local(part, pc) for pc in lst]
-            recv = part.new_empty(2 * sum(_numel(lst) for lst in layout.incoming))
-            dist.all_to_all_single(recv, _cat(chunks, part), [2 * _numel(lst) for lst in layout.incoming],
-                                   [2 * _numel(lst) for lst in layout.outgoing], group=self._group)
+            recv = part.new_empty((2 * sum(_numel(lst) for lst in layout.incoming),))
+            dist.all_to_all_single(
+                recv,
+                _cat(chunks, part),
+                [2 * _numel(lst) for lst in layout.incoming],
+                [2 * _numel(lst) for lst in layout.outgoing],
+                group=self._group,
+            )
             at = 0
             for lst in layout.incoming:
                 size = _numel(lst)
@@ -256,11 +262,12 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                     at += pc.n
                 at += size
 
-        # 2. the single-process step, unchanged, on whole fp32 tensors (CBP: with the global c²)
-        if self.cfg.name == "cbp" and self.cfg.cbp_equalize:
-            self._share_cbp_targets()
+        # 2. the single-process step, unchanged, on whole fp32 tensors (after any statistic it shares
+        #    across ranks, e.g. CBP's equalisation target)
+        if self._hooks.sync is not None:
+            self._hooks.sync(self._muon, [g["role"] for g in self._routing.elementwise], self._all_reduce, self._device)
         if self._muon is not None:
-            for w, g in zip(self._staging, grads):
+            for w, g in zip(self._staging, grads, strict=True):
                 w.grad = g
             for owner_group in self._muon.param_groups:
                 owner_group["lr"] = group["lr"]
@@ -274,9 +281,14 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             local(part, pc).copy_(whole(self._staging, pc))
         if layout.needs_exchange:
             back = _cat([whole(self._staging, pc) for lst in layout.incoming for pc in lst], part)
-            recv = part.new_empty(sum(_numel(lst) for lst in layout.outgoing))
-            dist.all_to_all_single(recv, back, [_numel(lst) for lst in layout.outgoing],
-                                   [_numel(lst) for lst in layout.incoming], group=self._group)
+            recv = part.new_empty((sum(_numel(lst) for lst in layout.outgoing),))
+            dist.all_to_all_single(
+                recv,
+                back,
+                [_numel(lst) for lst in layout.outgoing],
+                [_numel(lst) for lst in layout.incoming],
+                group=self._group,
+            )
             at = 0
             for lst in layout.outgoing:
                 for pc in lst:
@@ -288,49 +300,40 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         """{matrix name: c} for lazily calibrated variants ({} otherwise). Collective (one
         all_reduce); c = 0 means "not calibrated yet", as in MuonFamily."""
         layout = self._layout
-        if layout is None or not self._lazily_calibrated():
+        if layout is None or not self._hooks.lazy_calibration:
             return {}
         values = torch.zeros(len(layout.names), dtype=torch.float32, device=self._device)
-        for k, w in zip(layout.owned, self._staging):
-            values[k] = self._muon.state[w]["c"]
+        for k, w in zip(layout.owned, self._staging, strict=True):
+            values[k] = self.owner_state(w)["c"]
         if layout.world > 1:
             dist.all_reduce(values, group=self._group)  # each entry is non-zero on its owner only
-        return dict(zip(layout.names, values.tolist()))
-
-    def _lazily_calibrated(self) -> bool:  # known on every rank, owner of matrices or not
-        return self.cfg.name in PRESETS and PRESETS[self.cfg.name].calibration == "lazy"
+        return dict(zip(layout.names, values.tolist(), strict=True))
 
     def diagnostics(self) -> dict[str, float]:
         """The ``diag/...`` keys of ``orscale.collect_diagnostics`` over every rank's tensors (Muon
-        family per matrix class; CBP's M1 summary). Collective: call
-        it on every rank at the same step (one all_gather_object, only on logging steps)."""
-        if self._layout is None:
+        family per matrix class; CBP's M1 summary; none for LAMB/LARS). Collective: call it on every
+        rank at the same step (one all_gather_object, only on logging steps)."""
+        hooks = self._hooks
+        if self._layout is None or hooks.payload is None or hooks.merge is None:
             return {}
-        cbp = self.cfg.name == "cbp"
-        if self._routing.elementwise and not cbp:
-            return {}  # LAMB and LARS log none
-        if self._muon is None:
-            mine: Any = [] if cbp else ([], [], [], [])
-        else:
-            mine = self._muon.diagnostic_stats() if cbp else self._muon.diagnostic_rows()
-        parts = [mine]
+        parts = [hooks.payload(self._muon)]
         if self._layout.world > 1:
             parts = [None] * self._layout.world
-            dist.all_gather_object(parts, mine, group=self._group)
-        if cbp:  # each owner's blocks' M1 statistics, merged
-            return summarize_cbp(parts)
-        merged = [sum((list(p[i]) for p in parts), []) for i in range(4)]
-        if not merged[0]:
-            return {}
-        return summarize(*merged)
+            dist.all_gather_object(parts, hooks.payload(self._muon), group=self._group)
+        return hooks.merge(parts)
+
+    def _all_reduce(self, t: Tensor) -> Tensor:
+        if self._layout is not None and self._layout.world > 1:
+            dist.all_reduce(t, group=self._group)
+        return t
 
     # ---------------------------------------------------------------- layouts, checkpoints
     def group_layouts(self) -> list[tuple[dict[str, Any], MatrixLayout]]:
         """(param group, where its parameters lie across the ZeRO partitions) for every group."""
-        return list(zip(self.param_groups, self._layouts))
+        return list(zip(self.param_groups, self._layouts, strict=True))
 
     @torch.no_grad()
-    def copy_from_model(self, model: nn.Module, names: Optional[set[str]] = None) -> None:
+    def copy_from_model(self, model: nn.Module, names: set[str] | None = None) -> None:
         """Copy parameters `names` (default: all) of the whole, replicated model into this rank's
         master partitions: after a resume, or a change made outside the step (M2's transport)."""
         params = dict(model.named_parameters())
@@ -344,18 +347,22 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
     def owned_tensors(self) -> list[tuple[str, Tensor]]:
         """(name, whole fp32 tensor) of the matrices this rank owns (orscale.distributed.zero_checkpoint)."""
         layout = self._layout
-        return [(layout.names[k], w) for k, w in zip(layout.owned, self._staging)] if layout else []
+        return [(layout.names[k], w) for k, w in zip(layout.owned, self._staging, strict=True)] if layout else []
 
     def owner_state(self, tensor: Tensor) -> dict[str, Any]:
         """The owner-side optimizer's state of one of `owned_tensors()` (mutable)."""
+        if self._muon is None:
+            raise RuntimeError("this rank owns no tensors: it holds no owner-side state")
         return self._muon.state[tensor]
 
     def state_dict(self) -> dict[str, Any]:
-        raise RuntimeError("ZeroShardedOptimizer state is saved by orscale.distributed.zero_checkpoint "
-                           "(by parameter name, at any world size), not through state_dict()")
+        raise RuntimeError(
+            "ZeroShardedOptimizer state is saved by orscale.distributed.zero_checkpoint "
+            "(by parameter name, at any world size), not through state_dict()"
+        )
 
 
-def _numel(pieces: list[Piece]) -> int:
+def _numel(pieces: list[Span]) -> int:
     return sum(pc.n for pc in pieces)
 
 

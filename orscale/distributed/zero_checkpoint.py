@@ -97,9 +97,9 @@ class _SavedState:
         return self.numbers[key]
 
     def keys_under(self, prefix: str) -> list[str]:
-        found = {k[len(prefix):] for k in self.whole if k.startswith(prefix)}
-        found |= {k[len(prefix):] for k in self.numbers if k.startswith(prefix)}
-        found |= {k[len(prefix):] for k in self.pieces if k.startswith(prefix)}
+        found = {k[len(prefix) :] for k in self.whole if k.startswith(prefix)}
+        found |= {k[len(prefix) :] for k in self.numbers if k.startswith(prefix)}
+        found |= {k[len(prefix) :] for k in self.pieces if k.startswith(prefix)}
         return sorted(found)
 
     def fill(self, base: str, out: Tensor, mat_off: int) -> None:
@@ -108,7 +108,7 @@ class _SavedState:
         for off, size, fh, key in self.pieces.get(base, []):
             lo, hi = max(mat_off, off), min(mat_off + n, off + size)
             if hi > lo:
-                out[lo - mat_off:hi - mat_off].copy_(fh.get_slice(key)[lo - off:hi - off])
+                out[lo - mat_off : hi - mat_off].copy_(fh.get_slice(key)[lo - off : hi - off])
                 filled += hi - lo
         if filled != n:
             raise ValueError(f"the checkpoint holds {filled} of {n} elements of {base}")
@@ -127,19 +127,24 @@ def load_zero_state(opt: ZeroShardedOptimizer, directory: Path) -> None:
                 if any(f"flat/{name}/{key}" in saved.pieces for name in layout.names):
                     buf = torch.zeros(part.numel(), dtype=torch.float32)
                     for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
-                        saved.fill(f"flat/{layout.names[pc.k]}/{key}", buf[pc.part_off:pc.part_off + pc.n], pc.mat_off)
+                        saved.fill(
+                            f"flat/{layout.names[pc.k]}/{key}", buf[pc.part_off : pc.part_off + pc.n], pc.mat_off
+                        )
                     state[key] = buf.to(part.device)
                 else:
-                    name = next(n for n in layout.names if f"flat/{n}/{key}" in saved.whole or
-                                f"flat/{n}/{key}" in saved.numbers)
+                    name = next(
+                        n
+                        for n in layout.names
+                        if f"flat/{n}/{key}" in saved.whole or f"flat/{n}/{key}" in saved.numbers
+                    )
                     value = saved.value(f"flat/{name}/{key}")
                     state[key] = value.to(part.device) if key != "step" and isinstance(value, Tensor) else value
             opt.state[part] = state
         for name, w in opt.owned_tensors():
-            keys = saved.keys_under(f"owner/{name}/")
-            if not keys:
+            owner_keys = saved.keys_under(f"owner/{name}/")
+            if not owner_keys:
                 raise ValueError(f"the checkpoint holds no optimizer state for {name}")
             state = opt.owner_state(w)
-            for key in keys:
+            for key in owner_keys:
                 value = saved.value(f"owner/{name}/{key}")
                 state[key] = value.to(w.device) if isinstance(value, Tensor) else value

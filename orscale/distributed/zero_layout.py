@@ -16,7 +16,7 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
-class Piece:
+class Span:
     """A contiguous run of matrix `k` inside the partition of rank `rank`."""
 
     k: int
@@ -34,7 +34,7 @@ class MatrixLayout:
     names: list[str]
     shapes: list[torch.Size]
     owner: list[int]
-    pieces: list[list[Piece]]  # per matrix, in flat order
+    pieces: list[list[Span]]  # per matrix, in flat order
     rank: int
     world: int
 
@@ -46,27 +46,33 @@ class MatrixLayout:
         self.kept = [pc for k in self.owned for pc in self.pieces[k] if pc.rank == me]
         # outgoing[d]: pieces this rank holds of matrices d owns; incoming[s]: pieces s holds of
         # matrices this rank owns. Both sides list them in the same (matrix, offset) order.
-        self.outgoing = [[] if d == me else
-                         [pc for k, ps in enumerate(self.pieces) if self.owner[k] == d for pc in ps if pc.rank == me]
-                         for d in range(self.world)]
-        self.incoming = [[] if s == me else [pc for k in self.owned for pc in self.pieces[k] if pc.rank == s]
-                         for s in range(self.world)]
+        self.outgoing = [
+            []
+            if d == me
+            else [pc for k, ps in enumerate(self.pieces) if self.owner[k] == d for pc in ps if pc.rank == me]
+            for d in range(self.world)
+        ]
+        self.incoming = [
+            [] if s == me else [pc for k in self.owned for pc in self.pieces[k] if pc.rank == s]
+            for s in range(self.world)
+        ]
         # The same on every rank, so either all ranks take part in the all_to_all or none does.
         self.needs_exchange = self.world > 1 and any(pc.rank != self.owner[pc.k] for ps in self.pieces for pc in ps)
 
 
-def build_layout(names: list[str], shapes: list[torch.Size], offsets: list[int], partition_size: int,
-                 rank: int, world: int) -> MatrixLayout:
+def build_layout(
+    names: list[str], shapes: list[torch.Size], offsets: list[int], partition_size: int, rank: int, world: int
+) -> MatrixLayout:
     """Cut each matrix [offset, offset + numel) of the flat group at the partition boundaries."""
     P = partition_size
     pieces, owner = [], []
-    for k, (shape, off) in enumerate(zip(shapes, offsets)):
+    for k, (shape, off) in enumerate(zip(shapes, offsets, strict=True)):
         n = math.prod(shape)
         ps = []
         for q in range(off // P, (off + n - 1) // P + 1):
             lo, hi = max(off, q * P), min(off + n, (q + 1) * P)
             if hi > lo:
-                ps.append(Piece(k, q, lo - q * P, lo - off, hi - lo))
+                ps.append(Span(k, q, lo - q * P, lo - off, hi - lo))
         if not ps or ps[-1].rank >= world:
             raise RuntimeError(f"matrix {names[k]} lies outside the ZeRO flat buffer")
         pieces.append(ps)

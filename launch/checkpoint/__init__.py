@@ -1,0 +1,33 @@
+"""Checkpoints: the checkpointer of self-saving parts (`checkpointer`), inspection from outside a run
+(`inspection`: find, check, load weights), the manifest of sizes and checksums (`manifest`), DCP
+read without unpickling code (`dcp_safe`) and the DCP part of the PyTorch-native engines
+(`dcp_state`)."""
+
+from launch.checkpoint.checkpointer import (
+    FORMAT,
+    META,
+    Checkpointer,
+    RankPart,
+    ShardedPart,
+    is_complete,
+    latest_checkpoint,
+    read_meta,
+    step_dir,
+)
+from launch.checkpoint.inspection import check_loadable, find_checkpoint, load_model_weights, newest_intact_checkpoint
+
+__all__ = [
+    "FORMAT",
+    "META",
+    "Checkpointer",
+    "RankPart",
+    "ShardedPart",
+    "check_loadable",
+    "find_checkpoint",
+    "is_complete",
+    "latest_checkpoint",
+    "load_model_weights",
+    "newest_intact_checkpoint",
+    "read_meta",
+    "step_dir",
+]

@@ -1,0 +1,37 @@
+"""The engine's sharded checkpoint part for PyTorch-native backends (one process, DDP, FSDP2): a
+model and its optimizers through `torch.distributed.checkpoint`, read back without unpickling code."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from launch.checkpoint.dcp_safe import dcp_load
+
+# DCP warns on every single-process save/load that it assumes no process group: that is intended.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+class ModelAndOptimizers:
+    """A sharded part: a model and its optimizers (momentum, AdamW moments, fp32 calibration
+    constants) through `torch.distributed.checkpoint` in `dcp/`. Every rank writes its own shards
+    (DTensor-aware under FSDP2), so the checkpoint loads at any world size."""
+
+    def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.module, self.optimizers = module, list(optimizers)
+
+    def save(self, directory: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
+
+    def load(self, directory: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        dcp_load(state, str(Path(directory) / "dcp"))
+        set_state_dict(self.module, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])

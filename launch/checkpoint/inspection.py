@@ -1,0 +1,77 @@
+"""Looking at checkpoints from outside a run: find the newest complete one, check that one is intact
+before trusting it, and read just the model weights (export, evaluation). Nothing read here can run
+code: per-rank files through `weights_only=True`, DCP metadata through `dcp_safe`, safetensors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from launch.checkpoint.checkpointer import META, is_complete, latest_checkpoint, read_meta
+from launch.checkpoint.dcp_safe import dcp_load, load_metadata
+from launch.checkpoint.manifest import verify_manifest
+
+log = logging.getLogger("orscale")
+
+
+def check_loadable(path: str | Path) -> str | None:
+    """None if the checkpoint looks loadable; otherwise what is wrong, naming the file. Checks the
+    manifest (sizes, checksums) and reads the small files the way a load will (meta.json, the
+    per-rank states, DCP's metadata through the allow-listed unpickler) — never running code."""
+    path = Path(path)
+    problem = verify_manifest(path)
+    if problem is not None:
+        return problem
+    current = path / META
+    try:
+        meta = read_meta(path)
+        for r in range(int(meta["world_size"])):
+            current = path / f"rank{r}.pt"
+            torch.load(current, map_location="cpu", weights_only=True)
+        if (path / "dcp").is_dir():
+            current = path / "dcp" / ".metadata"
+            with open(current, "rb") as fh:
+                load_metadata(fh)
+        for current in sorted(path.rglob("*.safetensors")):  # headers: a truncated file fails here
+            with safe_open(str(current), framework="pt") as fh:
+                fh.keys()
+    except Exception as err:  # any failure to read is the same answer: do not resume from it
+        return f"{current} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return None
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """A complete checkpoint from a step directory, a checkpoints root or a run directory (the
+    newest one of the latter two), or None."""
+    path = Path(path)
+    if is_complete(path):
+        return path
+    return latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
+    """Model weights only (export, evaluation) into a plain single-process model; returns meta.
+    Reads the `model.safetensors` copy of a ZeRO checkpoint, else the `model.*` entries of DCP."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+    else:
+        sd = model.state_dict()
+        dcp_load({"model": sd}, str(path / "dcp"))
+        model.load_state_dict(sd)
+    return read_meta(path)
+
+
+def newest_intact_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root` whose files are intact and readable."""
+    for path in sorted((p for p in root.glob("step_*") if is_complete(p)), reverse=True):
+        problem = check_loadable(path)
+        if problem is None:
+            return path
+        log.warning("checkpoint %s is damaged (%s): trying the one before it", path.name, problem)
+    return None

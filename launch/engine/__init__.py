@@ -1,0 +1,8 @@
+"""Training engines: the interface (`base.Engine`), one class per backend (`torch_engine`,
+`deepspeed_engine`), the registry that picks one (`registry`), the parallelism applied from outside
+the model (`parallelize`) and the optional loss-spike guard (`spikes`)."""
+
+from launch.engine.base import Engine
+from launch.engine.registry import build_engine, engine_class
+
+__all__ = ["Engine", "build_engine", "engine_class"]

@@ -1,0 +1,109 @@
+"""The one training-engine interface. Each parallelism backend implements it in a class of its own
+(`torch_engine.TorchEngine`: none | ddp | fsdp; `deepspeed_engine.DeepSpeedEngine`: zero1 | zero2),
+so the training loop holds no backend branch:
+
+    engine = build_engine(model_cfg, parallel, optim, train, env, dtype, accum_steps)
+    for micro in range(accum_steps):
+        loss = engine.forward_backward(batch, last_micro_batch=micro == accum_steps - 1)
+    grad_norm = engine.step(lr)          # clip the raw gradients, set lr, update; no host sync
+    engine.diagnostics()                 # collective, on logging steps
+    engine.save(dir) / engine.load(dir)  # a sharded checkpoint part (collective)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from launch.config import ParallelConfig, TrainConfig
+from launch.runtime.process_group import DistEnv, all_reduce_sum
+from models import GPT, GPTConfig
+from models.centered_linear import update_means
+from orscale import OptimConfig
+
+
+class Engine(ABC):
+    """A model with its optimizers and parallelism. `module` is what forward runs on (for
+    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype.
+
+    Every engine is built from the same sections of the run config: the resolved model, `parallel:`,
+    `optim:` and `train:` (seed, micro-batch size, spike guard)."""
+
+    module: nn.Module
+
+    def __init__(
+        self,
+        model_cfg: GPTConfig,
+        parallel: ParallelConfig,
+        optim: OptimConfig,
+        train: TrainConfig,
+        env: DistEnv,
+        dtype: torch.dtype,
+        accum_steps: int,
+    ) -> None:
+        self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
+        self._step_loss = torch.zeros((), device=env.device)  # this rank's loss of the current step
+
+    @property
+    @abstractmethod
+    def model(self) -> GPT:
+        """The bare GPT (under whatever wrapping the backend applies)."""
+
+    @staticmethod
+    def check_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
+        """Cheap checks before anything is built: ConfigError for what this backend cannot run."""
+        return  # a hook: backends with restrictions override it
+
+    @staticmethod
+    def check_checkpoint(path: Path, world_size: int) -> None:
+        """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`."""
+        return  # a hook, as above
+
+    def autocast(self) -> AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=self.dtype)
+
+    def forward_backward(self, batch: Tensor, last_micro_batch: bool) -> Tensor:
+        """Forward and backward of one micro-batch [B, T+1]; gradients are communicated only on the
+        last micro-batch of a step. Returns the micro-batch's share of the step's mean loss."""
+        with self._accumulating(last_micro_batch), self.autocast():
+            loss = self.module(batch[:, :-1], batch[:, 1:]) / self.accum_steps
+            self._backward(loss)
+        self._step_loss += loss.detach()
+        return loss.detach()
+
+    def _update_centring(self) -> None:
+        """CBP's M2 after the step: every rank's input mean averaged (one all-reduce per centred
+        layer), the EMA mean moved and the bias transported on the rows this rank holds."""
+        world = self.env.world_size
+        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
+        update_means(self.model, average=average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
+
+    @abstractmethod
+    def _accumulating(self, last_micro_batch: bool) -> AbstractContextManager: ...
+
+    @abstractmethod
+    def _backward(self, loss: Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self, lr: float) -> Tensor:
+        """Clip the raw gradients (global norm), update at `lr`, clear the gradients. Returns the
+        global norm of the raw gradients as a device tensor (no host sync)."""
+
+    @abstractmethod
+    def diagnostics(self) -> dict[str, float]:
+        """The optimizer's `diag/...` values of the latest step. Collective (every rank)."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Write model and optimizer state into the checkpoint directory (collective)."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Restore model and optimizer state from a checkpoint directory (collective)."""

@@ -1,0 +1,269 @@
+"""The DeepSpeed ZeRO-1/2 engine (``parallel.backend`` = ``zero1`` | ``zero2``): `launch.engine.base.Engine`
+over DeepSpeed's engine. No ``no_sync``: DeepSpeed handles accumulation itself.
+
+The optimizer is ``orscale.distributed.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon family
+on whole matrices at an owner rank): it matches a single-process run of ``build_optimizers``.
+DeepSpeed's own ``gradient_clipping`` stays 0; the optimizer clips the raw gradients with the
+global norm DeepSpeed computes, exactly like ``clip_grad_norm_`` in the other backends.
+
+One arithmetic across backends: DeepSpeed keeps fp32 parameters, so gradients are accumulated and
+reduced in fp32 (its bf16 mode would accumulate ZeRO-2 gradients and reduce them in bf16, while
+FSDP2 reduces in fp32 and SPEC §1 takes G in fp32); a bf16 run computes in bf16 through the same
+`torch.autocast` as the other engines. The cost is fp32 weights on every rank (ZeRO-1/2 do not
+shard parameters): 4 bytes per parameter instead of 2.
+
+Checkpoints are not DeepSpeed's own (pickled per-rank partitions that load only at the size that
+wrote them): ``zero/`` holds each rank's optimizer state by parameter name in safetensors
+(``orscale.distributed.zero_checkpoint``) and ``model.safetensors`` the weights, so a ZeRO checkpoint
+resumes at any data-parallel size and either stage, and loading one unpickles nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from launch.config import ParallelConfig, TrainConfig
+from launch.engine.base import Engine
+from launch.engine.parallelize import build_model
+from launch.engine.spikes import SpikeGuard
+from launch.errors import ConfigError
+from launch.nested import deep_merge
+from launch.runtime.process_group import DistEnv
+from models import GPT, GPTConfig
+from models.centered_linear import CenteredLinear
+from orscale import OptimConfig
+from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
+from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
+
+TAG = "zero"  # the optimizer state goes to <checkpoint>/zero/rank<r>.safetensors
+META = "meta.json"  # <checkpoint>/zero/meta.json: format, and what wrote it
+FORMAT = "orscale-zero-2"  # 1: DeepSpeed's own files (zero_meta.json), same world size only
+
+
+def zero_stage(backend: str) -> int:
+    return {"zero1": 1, "zero2": 2}[backend]
+
+
+def check_zero_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
+    """Cheap checks, before any work: one-line ConfigError for what ZeRO cannot run."""
+    backend = parallel.backend
+    if backend not in ("zero1", "zero2"):
+        raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
+    if optim.name not in ZERO_OPTIMIZERS:
+        raise ConfigError(
+            f"parallel.backend={backend} cannot run optim.name={optim.name!r}: ZeRO-1/2 supports "
+            f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it"
+        )
+
+
+def ds_config(backend: str, micro: int, world_size: int, accum_steps: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for this run (nothing is read from a JSON file). fp32 parameters,
+    gradients and reductions; compute precision is the engine's autocast. `micro`: sequences per
+    micro-batch per rank (train.micro_batch_size)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum_steps,
+        "train_batch_size": micro * accum_steps * world_size,
+        "gradient_clipping": 0.0,  # the client optimizer clips the raw gradients itself
+        "zero_optimization": {
+            "stage": zero_stage(backend),
+            "elastic_checkpoint": False,  # the client optimizer's state_dict is saved as is, per rank
+            "round_robin_gradients": False,
+            "compute_grad_norm": True,  # the clip uses DeepSpeed's global norm of the raw gradients
+            "load_from_fp32_weights": True,
+        },
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "communication_data_type": "fp32",
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+    return config
+
+
+def check_zero_checkpoint(path: Path) -> dict[str, Any]:
+    """The ZeRO meta of the checkpoint at `path`; one-line ConfigError when this engine cannot load it."""
+    meta_path = path / TAG / META
+    if (path / TAG / "zero_meta.json").is_file():
+        raise ConfigError(
+            f"{path} holds DeepSpeed's own ZeRO files, written by an earlier version of this trainer "
+            "(they load only at their world size, through pickle); resume it with that version, "
+            "or start a new run.dir (its model.safetensors still exports: python -m launch.export)"
+        )
+    if not meta_path.is_file():
+        raise ConfigError(
+            f"{path} was not saved by parallel.backend zero1/zero2 (no {TAG}/{META}); resume it with "
+            "the backend that wrote it (none, ddp or fsdp)"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"{meta_path} is in format {meta.get('format')!r}; this trainer reads {FORMAT}")
+    return meta
+
+
+class DeepSpeedEngine(Engine):
+    """A DeepSpeed ZeRO-1/2 engine around the GPT with the project's optimizers."""
+
+    check_config = staticmethod(check_zero_config)
+
+    @staticmethod
+    def check_checkpoint(path: Path, world_size: int) -> None:
+        check_zero_checkpoint(path)  # any world size and stage: the state is stored by parameter name
+
+    def __init__(
+        self,
+        model_cfg: GPTConfig,
+        parallel: ParallelConfig,
+        optim: OptimConfig,
+        train: TrainConfig,
+        env: DistEnv,
+        dtype: torch.dtype,
+        accum_steps: int,
+        ds_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(model_cfg, parallel, optim, train, env, dtype, accum_steps)
+        check_zero_config(parallel, optim)
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        accel = get_accelerator().device_name()
+        if accel != env.device.type:
+            raise ConfigError(
+                f"DeepSpeed's accelerator is {accel!r} but train.device resolved to "
+                f"{env.device.type!r}; set DS_ACCELERATOR={env.device.type}"
+            )
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "DeepSpeedEngine needs the process group (launch.runtime.process_group.init_distributed)"
+            )
+        self.backend, self.optim_name = parallel.backend, optim.name
+        self.world_size = dist.get_world_size()
+        self.config = deep_merge(
+            ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps), ds_overrides or {}
+        )
+        model = build_model(model_cfg, parallel, train.seed, env, dtype)
+        self.optimizer = ZeroShardedOptimizer(model, optim)
+        self._ds: Any  # DeepSpeed's engine (an nn.Module with backward/step of its own; untyped)
+        self._ds, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False
+        )
+        self.module = self._ds  # what forward and evaluation run on
+        self.optimizer.bind(self._ds.optimizer, optim.grad_clip)
+        self._micro = 0
+        self._centred_biases = {
+            f"{name}.bias" for name, mod in model.named_modules() if isinstance(mod, CenteredLinear)
+        }
+        self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
+        if self.spikes is not None:  # decided inside DeepSpeed's step, once its global norm exists
+            spikes = self.spikes
+            self.optimizer.skip_update = lambda norm: spikes.is_spike(self._step_loss, norm)
+
+    @property
+    def model(self) -> GPT:
+        return self._ds.module
+
+    def _accumulating(self, last_micro_batch: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # DeepSpeed reduces at its own accumulation boundary
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.backward(loss)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss` is already divided by accum_steps (as the trainer computes it): DeepSpeed must not
+        divide again. Off the accumulation boundary DeepSpeed's step only counts the micro-batch."""
+        self._micro += 1
+        if self._micro > self.accum_steps:
+            raise RuntimeError(
+                f"DeepSpeedEngine.backward called {self._micro} times before step(); accum_steps is {self.accum_steps}"
+            )
+        self._ds.backward(loss, scale_wrt_gas=False)
+        if self._micro < self.accum_steps:
+            self._ds.step()
+
+    def step(self, lr: float) -> Any:
+        """Set lr on every group, then reduce, clip (raw global norm) and update. Returns the global
+        norm of the raw gradients (a device tensor where DeepSpeed keeps one: no host sync)."""
+        if self._micro != self.accum_steps:
+            raise RuntimeError(f"DeepSpeedEngine.step after {self._micro} backward calls; expected {self.accum_steps}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+        self.optimizer.begin_step()
+        self._ds.step()
+        if self.model.cfg.center_mlp:
+            self._update_centring()
+        self._micro = 0
+        self._step_loss = torch.zeros_like(self._step_loss)
+        return self._ds.get_global_grad_norm()
+
+    @torch.no_grad()
+    def _load_weights(self, path: Path) -> None:
+        """Copy the saved tensors into the model one at a time (memory-mapped reads: no rank holds a
+        second whole copy of the weights)."""
+        own = self.model.state_dict()  # views of the parameters and persistent buffers
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            saved = set(fh.keys())
+            if saved != set(own):
+                diff = sorted(saved ^ set(own))
+                raise ConfigError(
+                    f"{path} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
+                    "resume with the model config that wrote it"
+                )
+            for name, tensor in own.items():
+                tensor.copy_(fh.get_tensor(name))
+
+    def _update_centring(self) -> None:
+        """M2 on the whole weights every rank holds (after DeepSpeed copied the updated master
+        partitions back), then the transported biases into the master partitions, the copy the
+        next step starts from."""
+        super()._update_centring()
+        self.optimizer.copy_from_model(self.model, self._centred_biases)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Same ``diag/...`` keys as ``orscale.collect_diagnostics``. Collective (every rank)."""
+        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
+        return {**self.optimizer.diagnostics(), **extra}
+
+    def calibration_constants(self) -> dict[str, float]:
+        """{matrix name: c} (collective); {} for variants without lazy calibration."""
+        return self.optimizer.calibration_constants()
+
+    def save(self, directory: Path) -> None:
+        """Collective. Each rank's optimizer state under zero/ (by parameter name), and (rank 0) the
+        weights in model.safetensors: ZeRO-1/2 keep whole fp32 weights on every rank, equal to the
+        master partitions, so they serve resume, export and evaluation alike."""
+        (directory / TAG).mkdir(exist_ok=True)
+        save_zero_state(self.optimizer, directory / TAG / f"rank{self.env.rank}.safetensors")
+        if self.env.is_main:
+            # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
+            weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+            save_file(weights, str(directory / "model.safetensors"))
+            meta = {
+                "format": FORMAT,
+                "world_size": self.world_size,
+                "stage": zero_stage(self.backend),
+                "optim": self.optim_name,
+            }
+            (directory / TAG / META).write_text(json.dumps(meta, indent=1))
+        dist.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Collective. Weights into the model and this rank's fp32 master partitions, then the
+        optimizer state (moments, momentum, calibration constants) rebuilt for this world size."""
+        meta = check_zero_checkpoint(directory)
+        if meta["optim"] != self.optim_name:
+            raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; this run has {self.optim_name}")
+        self._load_weights(directory / "model.safetensors")
+        self.optimizer.copy_from_model(self.model)  # DeepSpeed's fp32 master partitions
+        load_zero_state(self.optimizer, directory / TAG)
+        self._micro = 0

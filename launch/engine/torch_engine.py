@@ -1,0 +1,87 @@
+"""The PyTorch-native engine: one process, DDP or FSDP2 (`parallel.backend` = none | ddp | fsdp). The
+model is built and parallelised by `parallelize`, the optimizers by `orscale.build_optimizers`, and
+checkpoints go through `torch.distributed.checkpoint` (`dcp/`, loadable at any world size)."""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from launch.checkpoint.dcp_state import ModelAndOptimizers
+from launch.config import ParallelConfig, TrainConfig
+from launch.engine.base import Engine
+from launch.engine.parallelize import build_model, no_sync, wrap_ddp
+from launch.engine.spikes import SpikeGuard
+from launch.errors import ConfigError
+from launch.runtime.process_group import DistEnv
+from models import GPT, GPTConfig
+from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
+
+
+class TorchEngine(Engine):
+    """PyTorch-native data parallelism: one process, DDP or FSDP2."""
+
+    def __init__(
+        self,
+        model_cfg: GPTConfig,
+        parallel: ParallelConfig,
+        optim: OptimConfig,
+        train: TrainConfig,
+        env: DistEnv,
+        dtype: torch.dtype,
+        accum_steps: int,
+    ) -> None:
+        super().__init__(model_cfg, parallel, optim, train, env, dtype, accum_steps)
+        backend = parallel.backend
+        self._model = build_model(model_cfg, parallel, train.seed, env, dtype)
+        self.module = wrap_ddp(self._model, env) if backend == "ddp" else self._model
+        self.optimizers = build_optimizers(self._model, optim, backend=backend, mode=parallel.muon_mode)
+        self.max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
+        self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
+        self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
+
+    @property
+    def model(self) -> GPT:
+        return self._model
+
+    @staticmethod
+    def check_checkpoint(path: Path, world_size: int) -> None:
+        if not (path / "dcp").is_dir():
+            raise ConfigError(
+                f"{path} was saved by parallel.backend zero1/zero2 (no dcp/ inside); resume it with "
+                "zero1 or zero2 (at any world size)"
+            )
+
+    def _accumulating(self, last_micro_batch: bool) -> AbstractContextManager:
+        return no_sync(self.module, last_micro_batch)
+
+    def _backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def step(self, lr: float) -> Tensor:
+        set_lr(self.optimizers, lr)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+        skip = self.spikes is not None and self.spikes.is_spike(self._step_loss, norm)
+        for opt in self.optimizers:
+            if not skip:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        if self.model.cfg.center_mlp:
+            self._update_centring()
+        self._step_loss = torch.zeros_like(self._step_loss)
+        return norm
+
+    def diagnostics(self) -> dict[str, float]:
+        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
+        return {**collect_diagnostics(self.optimizers), **extra}
+
+    def save(self, directory: Path) -> None:
+        self._checkpoint.save(directory)
+
+    def load(self, directory: Path) -> None:
+        self._checkpoint.load(directory)

@@ -1,0 +1,23 @@
+"""User errors: everything the trainer and the command-line tools report as one `error: ...` line
+and exit status 2. Each package owns its own error class; this module only gathers them."""
+
+from __future__ import annotations
+
+from data.errors import DataError
+from models.hf_mapping import ExportError
+from models.presets import ModelConfigError
+from orscale.optim_config import OptimConfigError
+
+
+class UserError(ValueError):
+    """A user error found by the launcher (setup, run directory, launch): one line, exit 2."""
+
+
+class ConfigError(UserError):
+    """A user error in the configuration: the message is one line naming key and fix."""
+
+
+# The launcher's own errors and those of the sections' owners.
+USER_ERRORS: tuple[type[ValueError], ...] = (UserError, DataError, ModelConfigError, OptimConfigError, ExportError)
+# Raised by a section's own checks: while a config is being loaded they are config errors.
+SECTION_ERRORS: tuple[type[ValueError], ...] = (DataError, ModelConfigError, OptimConfigError)

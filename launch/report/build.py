@@ -1,0 +1,330 @@
+"""The sweep report: tables, significance, LR sensitivity, scaling fits and plots from run logs.
+
+    python -m launch.report RUNS_DIR --out REPORT_DIR
+
+Every run directory under RUNS_DIR (config.yaml + metrics.jsonl) is read; report.md, summary.json
+and PNGs go to REPORT_DIR. Runs are grouped into *rows* (same model, context, tokens per step,
+steps and every other setting that changes the result) and, within a row, by optimizer and LR;
+seeds are the repeats. Only finished runs (a final evaluation at train.max_steps) give numbers;
+the others are listed under "Unfinished runs".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launch.nested import load_yaml, pop_dotted
+from launch.report.stats import BOOT_RESAMPLES, PowerFit, compare, fit_power_law
+from launch.run.records import RunRecord, find_run_dirs, finite, read_run
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER_SCALES = ("125m", "399m", "545m", "1.1b")
+# SPEC §4: the paper's published final validation losses (one seed each), kept as data beside this
+# module. Shown beside ours, never mixed in.
+PAPER: dict[str, dict[str, float]] = json.loads((Path(__file__).with_name("paper_results.json")).read_text())[
+    "final_val_loss"
+]
+REFS = ("adamw", "muon_moonlight")
+# Settings that do not change what a run computes (or are the sweep's axes): not part of a row.
+NOT_IN_ROW = (
+    "run",
+    "optim",
+    "parallel",
+    "train.seed",
+    "train.log_every",
+    "train.eval_every",
+    "train.ckpt_every",
+    "train.progress",
+    "train.record_windows",
+    "train.micro_batch_size",
+    "data.val_batch_size",
+    "data.encode_batch_docs",
+)
+SCALE_KEYS = ("model", "data.seq_len", "train.max_steps", "train.tokens_per_step")
+
+
+def _drop(cfg: dict, keys: tuple[str, ...]) -> dict:
+    out = json.loads(json.dumps(cfg))
+    for dotted in keys:
+        pop_dotted(out, dotted)
+    return out
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def scale_label(run: RunRecord) -> str:
+    parts = [
+        f"{k}{run.cfg(f'model.{key}')}"
+        for k, key in (("L", "n_layer"), ("d", "d_model"), ("h", "n_head"), ("V", "vocab_size"))
+        if run.cfg(f"model.{key}") is not None
+    ]
+    return str(run.cfg("model.preset", "?")) + (f"[{','.join(parts)}]" if parts else "")
+
+
+@dataclass
+class LrCell:
+    lr: float
+    runs: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {int(r.cfg("train.seed", i)): r.final_val for i, r in enumerate(self.runs)}
+
+    @property
+    def mean(self) -> float:
+        vals = list(self.losses.values())
+        return float(np.mean(vals)) if vals and all(math.isfinite(v) for v in vals) else math.nan
+
+    @property
+    def std(self) -> float:
+        vals = list(self.losses.values())
+        return float(np.std(vals, ddof=1)) if len(vals) > 1 and math.isfinite(self.mean) else math.nan
+
+
+@dataclass
+class Group:  # one optimizer in one row
+    optim: str
+    cells: dict[float, LrCell] = field(default_factory=dict)
+
+    @property
+    def best(self) -> LrCell:
+        # Lowest mean over seeds; a diverged seed makes the whole LR non-finite (never "best").
+        return min(
+            self.cells.values(),
+            key=lambda c: (not math.isfinite(c.mean), c.mean if math.isfinite(c.mean) else 0.0, c.lr),
+        )
+
+    @property
+    def edge(self) -> str | None:
+        lrs = sorted(self.cells)
+        if len(lrs) < 2 or not math.isfinite(self.best.mean):
+            return None
+        return "lowest" if self.best.lr == lrs[0] else "highest" if self.best.lr == lrs[-1] else None
+
+
+@dataclass
+class Row:  # one setting: model, context, tokens per step, steps, everything else but optimizer/LR/seed
+    label: str
+    steps: int
+    tokens_per_step: int
+    seq_len: int
+    family: str  # hash of the settings outside the scale keys: rows of one family form a scaling series
+    groups: dict[str, Group] = field(default_factory=dict)
+    paper_scale: str | None = None
+    n_params: float | None = None  # non-embedding
+    n_total: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} {self.steps}×{self.tokens_per_step}"
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+
+def _paper_setups() -> dict[str, dict]:
+    out = {}
+    for s in PAPER_SCALES:
+        p = ROOT / "configs" / f"{s}.yaml"
+        if p.is_file():
+            out[s] = load_yaml(p.read_text())
+    return out
+
+
+def _paper_match(run: RunRecord, setups: dict[str, dict]) -> str | None:
+    """The paper scale whose preset, steps, tokens per step and context this run has exactly."""
+    s = run.cfg("model.preset")
+    cfg = setups.get(s)
+    if cfg is None or any(run.cfg(f"model.{k}") is not None for k in ("n_layer", "d_model", "n_head", "vocab_size")):
+        return None
+    same = all(
+        run.cfg(k) == cfg.get(k.split(".")[0], {}).get(k.split(".")[1])
+        for k in ("train.max_steps", "train.tokens_per_step", "data.seq_len")
+    )
+    return s if same else None
+
+
+def _params(run: RunRecord) -> tuple[float | None, float | None]:
+    """(non-embedding, total) parameters: metrics, else run.log's setup, else from the model config."""
+    lt = run.last_train or {}
+    total = lt.get("params") if finite(lt.get("params")) else run.setup.get("params")
+    nonemb = lt.get("non_embedding_params") if finite(lt.get("non_embedding_params")) else None
+    if nonemb is None or total is None:
+        try:
+            from models.presets import get_preset, param_counts  # imports torch: only when the logs lack counts
+
+            counted = param_counts(
+                get_preset(
+                    str(run.cfg("model.preset")),
+                    **{k: run.cfg(f"model.{k}") for k in ("n_layer", "d_model", "n_head", "vocab_size", "center_mlp")},
+                )
+            )
+        except (ImportError, ValueError, TypeError):
+            return nonemb, total
+        total = counted[0] if total is None else total
+        nonemb = counted[1] if nonemb is None else nonemb
+    return nonemb, total
+
+
+def build_rows(runs: list[RunRecord]) -> list[Row]:
+    setups = _paper_setups()
+    rows: dict[tuple, Row] = {}
+    variants: dict[tuple, set] = {}
+    finished = [r for r in runs if r.finished]
+    for r in finished:
+        key = (
+            scale_label(r),
+            r.cfg("train.max_steps"),
+            r.cfg("train.tokens_per_step"),
+            r.cfg("data.seq_len"),
+            _hash(_drop(r.config, NOT_IN_ROW)),
+        )
+        variants.setdefault((key, r.cfg("optim.name")), set()).add(_hash(_drop(r.config["optim"], ("lr",))))
+    for r in finished:
+        key = (
+            scale_label(r),
+            r.cfg("train.max_steps"),
+            r.cfg("train.tokens_per_step"),
+            r.cfg("data.seq_len"),
+            _hash(_drop(r.config, NOT_IN_ROW)),
+        )
+        if key not in rows:
+            rows[key] = Row(
+                label=key[0],
+                steps=key[1],
+                tokens_per_step=key[2],
+                seq_len=key[3],
+                family=_hash(_drop(r.config, NOT_IN_ROW + SCALE_KEYS)),
+                paper_scale=_paper_match(r, setups),
+            )
+            rows[key].n_params, rows[key].n_total = _params(r)
+        name = str(r.cfg("optim.name"))
+        if len(variants[(key, name)]) > 1:  # same optimizer, different optim.* settings: keep apart
+            name += "#" + _hash(_drop(r.config["optim"], ("lr",)))[:4]
+        group = rows[key].groups.setdefault(name, Group(name))
+        cell = group.cells.setdefault(float(r.cfg("optim.lr")), LrCell(float(r.cfg("optim.lr"))))
+        twin = next((o for o in cell.runs if o.cfg("train.seed") == r.cfg("train.seed")), None)
+        if twin is not None:  # a copy of a run (same setting and seed) would count twice: keep it out
+            r.problem = f"duplicate of {twin.path} (same setting, LR and seed): not counted"
+            continue
+        cell.runs.append(r)
+    labels = {}
+    for key, row in rows.items():  # one label for two rows that differ only in hidden settings: tag them
+        labels.setdefault((row.label, row.steps, row.tokens_per_step, row.seq_len), []).append(key)
+    for keys in labels.values():
+        if len(keys) > 1:
+            for k in keys:
+                rows[k].label += f"#{k[4][:4]}"
+    return sorted(rows.values(), key=lambda w: (w.family, w.n_params or 0, w.label, w.tokens))
+
+
+def _f(x: float | None, nd: int = 4, sign: bool = False) -> str:
+    if x is None:
+        return "—"
+    if not math.isfinite(x):
+        return "diverged" if isinstance(x, float) and math.isnan(x) else str(x)
+    return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+
+
+def _lr(lr: float) -> str:
+    return f"{lr:.4g}"
+
+
+def short_commit(c: str) -> str:
+    """First 10 hex digits, keeping train.py's '-dirty' mark (uncommitted changes) visible."""
+    return c[:10] + ("-dirty" if c.endswith("-dirty") else "")
+
+
+def _provenance(runs: list[RunRecord], root: Path) -> str:
+    return "<br>".join(
+        f"`{r.path.relative_to(root)}` @{'+'.join(map(short_commit, r.commits)) or 'unknown'} cfg:{r.cfg_hash}"
+        for r in runs
+    )
+
+
+def scaling_points(rows: list[Row]) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
+    """(family, optimizer) -> [(N, best mean loss, row name)], one point per scale: its largest budget."""
+    largest: dict[tuple[str, str], Row] = {}
+    for row in rows:
+        k = (row.family, row.label)
+        if k not in largest or row.tokens > largest[k].tokens:
+            largest[k] = row
+    out: dict[tuple[str, str], list] = {}
+    for row in largest.values():
+        for name, g in row.groups.items():
+            if row.n_params and math.isfinite(g.best.mean):
+                out.setdefault((row.family, name), []).append((float(row.n_params), g.best.mean, row.name))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def data_efficiency(rows: list[Row]) -> list[dict]:
+    """Per scale with >= 3 AdamW token budgets: fit AdamW's L(D) = E + B D^-beta, then for each
+    optimizer and budget D_opt, the AdamW tokens that reach its loss, divided by D_opt."""
+    out = []
+    by_scale: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        by_scale.setdefault((row.family, row.label), []).append(row)
+    for (_, label), group_rows in by_scale.items():
+        pts = [
+            (row.tokens, row.groups["adamw"].best.mean)
+            for row in group_rows
+            if "adamw" in row.groups and math.isfinite(row.groups["adamw"].best.mean)
+        ]
+        if len({d for d, _ in pts}) < 2:
+            continue
+        fit = fit_power_law([d for d, _ in pts], [loss for _, loss in pts])
+        entry: dict[str, Any] = {"scale": label, "adamw_budgets": sorted({d for d, _ in pts}), "fit": fit, "rows": []}
+        if fit is not None:
+            for row in group_rows:
+                for name, g in row.groups.items():
+                    if name != "adamw" and math.isfinite(g.best.mean):
+                        entry["rows"].append((name, row.tokens, g.best.mean, fit.inverse(g.best.mean) / row.tokens))
+        out.append(entry)
+    return out
+
+
+def build_report(runs_dir: Path, out_dir: Path) -> dict:
+    """Read every run under runs_dir, write report.md, summary.json and the PNGs; return the summary."""
+    from launch.report import markdown, plots  # split only to keep each file readable
+
+    runs = [read_run(p) for p in find_run_dirs(runs_dir)]
+    rows = build_rows(runs)
+    points = scaling_points(rows)
+    fits: dict[tuple[str, str], PowerFit | None] = {
+        k: fit_power_law([n for n, _, _ in v], [loss for _, loss, _ in v]) for k, v in points.items()
+    }
+    efficiency = data_efficiency(rows)
+    comparisons = {}
+    for row in rows:
+        for name, g in row.groups.items():
+            for ref in REFS:
+                # AdamW vs Muon+Moonlight is Muon+Moonlight vs AdamW with the sign flipped: listed once.
+                if ref != name and ref in row.groups and not (name in REFS and REFS.index(name) < REFS.index(ref)):
+                    comparisons[(row.name, name, ref)] = compare(g.best.losses, row.groups[ref].best.losses)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = dict(
+        runs_dir=runs_dir,
+        runs=runs,
+        rows=rows,
+        points=points,
+        fits=fits,
+        efficiency=efficiency,
+        comparisons=comparisons,
+        paper=PAPER,
+        resamples=BOOT_RESAMPLES,
+    )
+    pngs = plots.write_all(ctx, out_dir)
+    (out_dir / "report.md").write_text(markdown.render(ctx, pngs, fmt=_f, fmt_lr=_lr, provenance=_provenance))
+    summary = markdown.summary_json(ctx)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary

@@ -1,0 +1,98 @@
+"""What a training-log line measures between two logging steps, so runs compare on equal terms:
+the mean train loss (summed on the device, read once per line), throughput, MFU against the
+device's dense bf16 peak, peak memory, the share of step time spent waiting for data, and the
+Chinchilla multiple (tokens ÷ 20 × non-embedding parameters).
+
+It also watches for divergence: the first step with a non-finite loss or gradient norm is noted on
+the device every step (no host sync) and read, agreed across ranks, only when the run syncs anyway
+(logging steps) or must know (before a checkpoint is written)."""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from launch.runtime.process_group import DistEnv, all_reduce_sum
+
+# Dense bf16 peak TFLOP/s per device (no sparsity figure, ever). Unknown devices and CPUs: no MFU.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+
+
+def peak_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in sorted(PEAK_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+
+
+class StepMeter:
+    def __init__(self, env: DistEnv, flops_per_token: float, params: int, non_embedding_params: int) -> None:
+        self.env = env
+        self.flops_per_token, self.params, self.non_embedding = flops_per_token, params, non_embedding_params
+        self.peak = peak_tflops(env.device)
+        self._loss_sum = torch.zeros((), device=env.device)
+        self._step_loss = torch.zeros((), device=env.device)
+        # First step with a non-finite [loss, gradient norm] on this rank (inf: none yet).
+        self._first_bad = torch.full((2,), math.inf, dtype=torch.float64, device=env.device)
+        self._steps = 0
+        self._tokens = 0
+        self._wait = 0.0
+        self._t0 = time.perf_counter()
+
+    def add_micro_batch(self, loss: Tensor) -> None:
+        """A micro-batch's share of its step's mean loss (device tensor: no host sync)."""
+        self._step_loss += loss
+
+    def end_step(self, step: int, grad_norm: Any, tokens: int, data_wait_s: float) -> None:
+        """`tokens`: the step's global tokens; `data_wait_s`: this rank's wait for its batch."""
+        norm = torch.as_tensor(grad_norm, device=self.env.device).reshape(())
+        bad = torch.stack([~torch.isfinite(self._step_loss), ~torch.isfinite(norm)])
+        self._first_bad = torch.where(bad & torch.isinf(self._first_bad), float(step), self._first_bad)
+        self._loss_sum += self._step_loss
+        self._step_loss = torch.zeros_like(self._step_loss)
+        self._steps += 1
+        self._tokens += tokens
+        self._wait += data_wait_s
+
+    def divergence(self) -> tuple[str, int] | None:
+        """(quantity, first step) if any rank saw a non-finite loss or gradient norm. Collective."""
+        first = self._first_bad.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        loss_step, norm_step = first.tolist()
+        if math.isinf(loss_step) and math.isinf(norm_step):
+            return None
+        return ("loss", int(loss_step)) if loss_step <= norm_step else ("gradient norm", int(norm_step))
+
+    def restart_clock(self) -> None:
+        """Exclude what just happened (evaluation, a checkpoint) from the throughput."""
+        self._t0 = time.perf_counter()
+
+    def read(self, tokens_seen: int) -> dict[str, Any]:
+        """The window's figures since the last read; resets. Collective: every rank calls it at the
+        same step (one all-reduce of the loss)."""
+        loss = all_reduce_sum(self._loss_sum).item() / self.env.world_size / max(self._steps, 1)
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        tokens_per_s = self._tokens / elapsed
+        mfu = self.flops_per_token * tokens_per_s / self.env.world_size / (self.peak * 1e12) if self.peak else None
+        cuda = self.env.device.type == "cuda"
+        out = {
+            "train_loss": loss,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "peak_mem_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "data_wait_frac": min(self._wait / elapsed, 1.0),
+            "chinchilla_multiple": tokens_seen / (20 * self.non_embedding),
+            "params": self.params,
+            "non_embedding_params": self.non_embedding,
+        }
+        self._loss_sum.zero_()
+        self._steps, self._tokens, self._wait, self._t0 = 0, 0, 0.0, time.perf_counter()
+        return out

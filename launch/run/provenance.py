@@ -1,0 +1,52 @@
+"""What produced a run (modded-nanogpt's habit): the git commit, with `-dirty` for uncommitted
+changes, and the environment (Python, packages, devices), so any figure traces back to its code."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str:
+    """HEAD's commit, with '-dirty' when the work tree has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD") or "unknown"
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty and commit != "unknown" else "")
+
+
+def environment() -> dict[str, Any]:
+    versions = {}
+    for pkg in ("torch", "transformers", "datasets", "tokenizers", "sentencepiece", "deepspeed", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "argv": sys.argv,
+        "packages": versions,
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpu_threads": torch.get_num_threads(),
+    }
+    return env

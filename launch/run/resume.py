@@ -1,0 +1,160 @@
+"""Where a run starts: a fresh run directory, or the newest complete checkpoint in it.
+
+`run.resume`: `auto` (default) resumes from the newest *intact* checkpoint of `run.dir` (one whose
+files match its manifest; a damaged newer one is skipped with a warning naming the file); `none`
+starts fresh; a path resumes from that checkpoint. A run directory that holds metrics but no
+checkpoint is restarted from step 0 only when it holds the same run (a requeue after a preemption
+before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
+always kept under a new name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
+from launch.config import RunConfig
+from launch.errors import ConfigError
+from launch.nested import flatten
+from launch.run.records import read_metrics
+from launch.run.run_dir import RunDir, strict_json
+
+log = logging.getLogger("orscale")
+
+# A change here makes the checkpoint meaningless for this run: refuse.
+MUST_MATCH = (
+    "model",
+    "tokenizer",
+    "config.optim.name",
+    "config.data.source",
+    "config.data.subset",
+    "config.data.data_files",
+    "config.data.text_field",
+    "config.data.seq_len",
+    "config.data.val_tokens",
+    "config.data.logical_shards",
+    "config.data.piece_bytes",
+    "config.data.shuffle",
+    "config.data.shuffle_buffer",
+    "config.data.seed",
+)
+# Changing these is routine (extend a run, log more often): no warning.
+HARMLESS = (
+    "config.run.",
+    "config.train.max_steps",
+    "config.train.log_every",
+    "config.train.eval_every",
+    "config.train.ckpt_every",
+    "config.train.progress",
+    "config.data.encode_batch_docs",
+    "config.data.val_batch_size",
+    "config.data.prefetch_steps",
+)
+
+
+def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
+    """Whether the run dir's config.yaml is this run's `resolved` config (ignoring what HARMLESS may
+    change)."""
+    path = run.path / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError:
+        return False
+    if not isinstance(saved, dict):
+        return False
+    old, new = flatten({"config": saved}), flatten({"config": resolved})
+    return not [
+        k for k in set(old) | set(new) if old.get(k) != new.get(k) and not any(k.startswith(h) for h in HARMLESS)
+    ]
+
+
+def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir) -> Path | None:
+    """The checkpoint this run continues from, or None for step 0 (see the module docstring).
+    `run_cfg`: the run's `run:` section; `resolved`: its whole config as a dict."""
+    has_run = run.metrics_path.exists()
+    mode = run_cfg.resume
+    if mode == "none":
+        if has_run and not run_cfg.overwrite:
+            raise ConfigError(
+                f"run.dir '{run.path}' already holds a run; use run.resume=auto to continue it, "
+                "another run.dir, or run.overwrite=true to start over (old metrics are kept)"
+            )
+        return None
+    if mode == "auto":
+        found = newest_intact_checkpoint(run.path / "checkpoints")
+        if found is None and has_run and not run_cfg.overwrite:
+            if not same_run(run, resolved):
+                raise ConfigError(
+                    f"run.dir '{run.path}' already holds a run (metrics.jsonl) of another config "
+                    "and no complete checkpoint; choose another run.dir or pass "
+                    "run.overwrite=true"
+                )
+            log.warning(
+                "run.dir %s holds an earlier attempt of this run but no complete checkpoint (stopped "
+                "before its first save): starting again from step 0; its metrics are kept aside",
+                run.path,
+            )
+        return found
+    found = find_checkpoint(mode)
+    if found is None:
+        raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json inside)")
+    problem = check_loadable(found)
+    if problem is not None:
+        raise ConfigError(f"run.resume='{mode}' is damaged: {problem}; pick another checkpoint")
+    return found
+
+
+def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """ConfigError if the checkpoint cannot continue this run; a warning for changed settings."""
+    if saved.get("format", 1) != FORMAT:
+        raise ConfigError(
+            f"cannot resume: the checkpoint is in format {saved.get('format', 1)} of an older trainer "
+            f"(this one reads {FORMAT}: data addressed by piece and row); its weights still export "
+            "(python -m launch.export); start a new run.dir"
+        )
+    old, new = (
+        flatten({k: saved.get(k) for k in ("model", "tokenizer", "config")}),
+        flatten({k: current.get(k) for k in ("model", "tokenizer", "config")}),
+    )
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    fatal = [k for k in changed if any(k == m or k.startswith(m + ".") for m in MUST_MATCH)]
+    if fatal:
+        key = fatal[0]
+        raise ConfigError(
+            f"cannot resume: the checkpoint has {key}={old.get(key)!r} but this run has "
+            f"{new.get(key)!r}; keep it the same or start a new run.dir"
+        )
+    routine = [k for k in changed if not any(k.startswith(h) for h in HARMLESS)]
+    if routine:
+        log.warning(
+            "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)
+        )
+
+
+def prepare_run_dir(run: RunDir, start_step: int) -> None:
+    """Make metrics.jsonl continue at `start_step` with no duplicate steps (rank 0 only)."""
+    if not run.active or not run.metrics_path.exists():
+        return
+    if start_step == 0:  # a new start: keep the old file under a new name
+        kept = run.metrics_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        os.replace(run.metrics_path, kept)
+        log.warning("previous metrics kept as %s", kept.name)
+        return
+    records, bad = read_metrics(run.metrics_path)
+    if bad:
+        log.warning(
+            "metrics.jsonl: dropped %d line(s) that do not parse (line %s; a write cut by a kill)",
+            len(bad),
+            ", ".join(map(str, bad[:5])),
+        )
+    keep = [r for r in records if isinstance(r, dict) and r.get("step", 0) <= start_step]
+    tmp = run.metrics_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(strict_json(r), allow_nan=False) + "\n" for r in keep))
+    os.replace(tmp, run.metrics_path)

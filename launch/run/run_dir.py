@@ -1,0 +1,163 @@
+"""The run directory: resolved config, a run log with git commit and environment, metrics.jsonl.
+
+Only rank 0 writes. Every run records what produced it (modded-nanogpt's habit), so a figure in
+a table can always be traced back to a commit and a config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from launch.config import TrainConfig
+from launch.errors import ConfigError
+from launch.run.provenance import environment, git_commit
+
+log = logging.getLogger("orscale")
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float as None, so each line is strict JSON (no bare NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+class _Mirrors:
+    """TensorBoard and/or Weights & Biases (offline) copies of every metrics record."""
+
+    def __init__(self, path: Path, config: dict[str, Any], tensorboard: bool, wandb: bool) -> None:
+        self.tb: Any = None
+        self.wandb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(path / "tensorboard"))
+        if wandb:
+            import wandb as wandb_lib
+
+            run_id = f"{path.name}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"  # one per run dir
+            self.wandb = wandb_lib.init(
+                mode="offline",
+                dir=str(path),
+                project="orscale-lm",
+                name=path.name,
+                config=config,
+                resume="allow",
+                id=run_id,
+            )
+
+    def write(self, record: dict[str, Any]) -> None:
+        numbers = {
+            k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if self.tb is not None:
+            for key, value in numbers.items():
+                self.tb.add_scalar(key, value, record["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def check_mirrors_available(train: TrainConfig) -> None:
+    """One clear line, before anything runs, if a requested metrics mirror is not installed."""
+    for flag, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(train, flag) and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"train.{flag}=true needs the {module} package: pip install {module}")
+
+
+class RunDir:
+    """Writes config.yaml, run.log and metrics.jsonl under `path` (rank 0 only)."""
+
+    def __init__(self, path: str, active: bool) -> None:
+        self.path = Path(path)
+        self.active = active
+        self.metrics_path = self.path / "metrics.jsonl"
+        self._metrics = None
+        self._mirrors: _Mirrors | None = None
+
+    def open(self, config: dict[str, Any], train: TrainConfig, extra: dict[str, Any] | None = None) -> None:
+        """Write the resolved `config`, start run.log (commit, environment, `extra` setup facts) and
+        metrics.jsonl, and the mirrors `train` asks for (rank 0 only)."""
+        if not self.active:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(config, sort_keys=False)
+        (self.path / "config.yaml").write_text(text)
+        handler = logging.FileHandler(self.path / "run.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger("orscale").addHandler(handler)
+        self._file_handler = handler
+        # The long provenance block goes to run.log only; the console gets the commit.
+        record = logging.getLogger("orscale.provenance")
+        record.propagate = False
+        record.setLevel(logging.INFO)
+        record.handlers = [handler]
+        log.info("run dir %s, git commit %s", self.path, git_commit())
+        record.info("environment: %s", json.dumps(environment()))
+        if extra:
+            record.info("setup: %s", json.dumps(extra))
+        record.info("resolved config:\n%s", text)
+        self._metrics = self.metrics_path.open("a")
+        self._mirrors = _Mirrors(self.path, config, train.tensorboard, train.wandb)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """One strict-JSON line (non-finite numbers as null), flushed; mirrored if configured."""
+        if self._metrics is None:
+            return
+        self._metrics.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
+        self._metrics.flush()
+        if self._mirrors is not None:
+            self._mirrors.write(record)
+
+    def close(self) -> None:
+        if self._mirrors is not None:
+            self._mirrors.close()
+            self._mirrors = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        handler = getattr(self, "_file_handler", None)
+        if handler is not None:
+            logging.getLogger("orscale").removeHandler(handler)
+            handler.close()
+            self._file_handler = None
+
+
+class WindowAudit:
+    """`train.record_windows`: one line `<step> <hash>` per training window, per rank
+    (windows_rank{r}.txt), to audit that resumes see every window once. A no-op when off."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a")
+
+    def record(self, step: int, batch: torch.Tensor) -> None:
+        if self._fh is not None:
+            self._fh.writelines(f"{step} {hash(tuple(row.tolist()))}\n" for row in batch)
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

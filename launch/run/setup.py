@@ -1,0 +1,239 @@
+"""Everything a run needs before its first step, in one place: config checks, process group, data,
+run directory (locked: one writer) and resume point, engine, checkpointer, metadata.
+`launch.loop.train` calls `setup_run` and then runs its loop on what comes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
+from launch.checkpoint import Checkpointer, latest_checkpoint, read_meta
+from launch.config import Config, TrainConfig, to_dict
+from launch.engine import Engine, engine_class
+from launch.errors import ConfigError, UserError
+from launch.run.lock import RunLock
+from launch.run.meter import StepMeter
+from launch.run.provenance import git_commit
+from launch.run.resume import check_resume_compatible, find_resume_point, prepare_run_dir
+from launch.run.run_dir import RunDir, WindowAudit, check_mirrors_available
+from launch.run.train_state import TrainState
+from launch.runtime.console import setup_logging
+from launch.runtime.process_group import DistEnv, compute_dtype, init_distributed, launched_world_size, rank0_decides
+
+log = logging.getLogger("orscale")
+
+
+class DivergenceError(UserError):
+    """Training produced a non-finite loss or gradient norm: nothing is saved from it."""
+
+
+class RunComplete(Exception):
+    """The run directory already holds this run's final checkpoint: there is nothing to do."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        super().__init__(f"run already complete at step {step} ({path})")
+        self.step, self.path = step, path
+
+
+@dataclass
+class Run:
+    cfg: Config
+    env: DistEnv
+    tokenizer: TextTokenizer
+    val: torch.Tensor  # the fixed validation windows [n, seq_len + 1]
+    loader: PackedLoader
+    engine: Engine
+    state: TrainState
+    meter: StepMeter
+    checkpointer: Checkpointer
+    run_dir: RunDir
+    lock: RunLock
+    audit: WindowAudit
+    meta: dict[str, Any]  # what every checkpoint records: config, commit, model, tokenizer
+    accum_steps: int
+    tokens_per_step: int
+    start_step: int
+    resumed_from: Path | None
+
+    def check_finite(self) -> None:
+        """DivergenceError (one line: where, the last good checkpoint, what to do) if any rank saw a
+        non-finite loss or gradient norm. Collective."""
+        found = self.meter.divergence()
+        if found is None:
+            return
+        quantity, step = found
+        good = latest_checkpoint(self.run_dir.path / "checkpoints")
+        lr = self.cfg.optim.lr
+        where = (
+            f"the last good checkpoint is {good} (step {read_meta(good)['step']}); the same command "
+            f"with a lower optim.lr (e.g. optim.lr={lr / 2:g}) resumes from it"
+            if good is not None
+            else f"there is no checkpoint yet; start again with a lower optim.lr (e.g. optim.lr={lr / 2:g})"
+        )
+        raise DivergenceError(
+            f"training diverged: non-finite {quantity} at step {step}; nothing was saved from it; {where}"
+        )
+
+    def save(self) -> Path:
+        """A checkpoint of the current state, after checking that it is finite on every rank."""
+        self.check_finite()
+        path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
+        log.info("checkpoint: %s", path)
+        return path
+
+    def close(self) -> None:
+        self.loader.close()
+        self.run_dir.close()
+        self.audit.close()
+        self.lock.release()
+
+
+def _accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
+    seqs_per_step = train.tokens_per_step // seq_len
+    per_micro = train.micro_batch_size * world_size
+    if seqs_per_step % per_micro:
+        raise ConfigError(
+            f"train.tokens_per_step/data.seq_len = {seqs_per_step} sequences is not a multiple of "
+            f"train.micro_batch_size x world size = {per_micro}"
+        )
+    return seqs_per_step // per_micro
+
+
+def setup_run(cfg: Config) -> Run:
+    """Check, build and (if there is a checkpoint) restore everything; open the run directory.
+    Raises RunComplete when the run directory already holds this run's final checkpoint."""
+    # ---- cheap checks first: nothing is read or written before the config is known to be sound
+    model_cfg = cfg.model.resolve()
+    engine_type = engine_class(cfg.parallel.backend)
+    engine_type.check_config(cfg.parallel, cfg.optim)
+    check_mirrors_available(cfg.train)
+    world_size = launched_world_size()
+    if cfg.data.logical_shards % world_size:  # before any process group exists: the same line on every rank
+        raise ConfigError(
+            f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
+            f"world size ({world_size}) so every rank owns the same number of stream shards"
+        )
+    env = init_distributed(cfg.parallel.backend, cfg.train.device)
+    setup_logging(env.rank)
+    accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)
+
+    # ---- data: tokenizer, fixed validation set, this rank's logical shards of the stream after it
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
+            f"{model_cfg.vocab_size}; raise model.vocab_size"
+        )
+    docs = open_documents(cfg.data, tokenizer)
+    # Read and tokenised once, on rank 0 (10M tokens for the paper's presets), then broadcast: 64
+    # ranks do not each download the validation documents, and a data error is one line from rank 0.
+    val, val_end = rank0_decides(lambda: build_val_set(cfg.data, docs))
+
+    # ---- run directory: one writer (rank 0 holds the lock), and where this run starts
+    run_dir, lock = RunDir(cfg.run.dir, active=env.is_main), RunLock(Path(cfg.run.dir))
+    resolved = to_dict(cfg)
+    meta = {
+        "config": resolved,
+        "git_commit": git_commit(),
+        "tokenizer": tokenizer.describe(),
+        "model": dataclasses.asdict(model_cfg),
+    }
+
+    def decide() -> Path | None:
+        holder = lock.acquire()
+        if holder is not None:
+            raise ConfigError(
+                f"run.dir '{run_dir.path}' is in use by another launch ({holder}); wait for it "
+                "to end, stop it, or choose another run.dir"
+            )
+        found = find_resume_point(cfg.run, resolved, run_dir)
+        if found is not None:
+            check_resume_compatible(read_meta(found), meta)
+            engine_type.check_checkpoint(found, env.world_size)
+        return found
+
+    try:
+        resume_from = rank0_decides(decide)
+        if resume_from is not None and read_meta(resume_from)["step"] >= cfg.train.max_steps:
+            raise RunComplete(read_meta(resume_from)["step"], resume_from)
+
+        # ---- engine (model, parallelism, optimizers), checkpoint parts, restore
+        loader = PackedLoader(
+            cfg.data,
+            docs,
+            first=val_end,
+            windows_per_step=cfg.train.tokens_per_step // cfg.data.seq_len,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
+        dtype = compute_dtype(cfg.train.dtype, env.device)
+        engine = engine_type(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps)
+        state = TrainState(env.rank, env.world_size)
+        checkpointer = Checkpointer(
+            run_dir.path / "checkpoints",
+            env,
+            sharded=[engine],
+            per_rank={"loader": loader, "train_state": state},
+            keep=cfg.run.keep_checkpoints,
+        )
+        if resume_from is not None:
+            checkpointer.load(resume_from)
+        prepare_run_dir(run_dir, state.step)
+    except BaseException:
+        lock.release()
+        raise
+    model = engine.model
+    params = model.num_params()
+    run_dir.open(
+        resolved,
+        cfg.train,
+        extra={
+            "params": params,
+            "non_embedding_params": model.num_params(non_embedding=True),
+            "accum_steps": accum_steps,
+            "data": docs.describe(),
+            "val_end": {"piece": val_end[0], "row": val_end[1]},
+            "val_windows": len(val),
+            "device": str(env.device),
+            "dtype": str(dtype),
+            "world_size": env.world_size,
+            "tokenizer": tokenizer.describe(),
+            "resumed_from": str(resume_from) if resume_from else None,
+        },
+    )
+    log.info(
+        "model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s",
+        params / 1e6,
+        env.world_size,
+        accum_steps,
+        cfg.train.micro_batch_size,
+        cfg.data.seq_len,
+        f"resuming at step {state.step}" if state.step else "fresh start",
+    )
+    audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
+    meter = StepMeter(env, model.flops_per_token(cfg.data.seq_len), params, model.num_params(non_embedding=True))
+    return Run(
+        cfg,
+        env,
+        tokenizer,
+        val,
+        loader,
+        engine,
+        state,
+        meter,
+        checkpointer,
+        run_dir,
+        lock,
+        audit,
+        meta,
+        accum_steps,
+        tokens_per_step=cfg.train.tokens_per_step,
+        start_step=state.step,
+        resumed_from=resume_from,
+    )

@@ -1,0 +1,173 @@
+"""Process groups from torchrun's environment (NCCL on GPU, gloo on CPU) and small collectives.
+
+`torchrun`, `srun` + torchrun rendezvous, `accelerate launch` and the DeepSpeed launcher all set
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; nothing here depends on which one ran.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from launch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # parallel.backend
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+
+def launched_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_backend(backend: str, world_size: int) -> None:
+    """Errors a user can make before any process group exists (identical on every rank).
+    `backend`: parallel.backend, one of launch.config.BACKENDS (checked by ParallelConfig)."""
+    if backend == "none" and world_size > 1:
+        raise ConfigError(
+            f"launched with {world_size} processes but parallel.backend=none; "
+            "set parallel.backend to ddp, fsdp, zero1 or zero2"
+        )
+    if backend in ("zero1", "zero2"):
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed")
+    # `accelerate launch` with our shipped configs announces the backend it was set up for.
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and backend != "fsdp":
+        raise ConfigError(
+            f"launched by accelerate with an FSDP config but parallel.backend={backend}; pass parallel.backend=fsdp"
+        )
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and backend not in ("zero1", "zero2"):
+        raise ConfigError(
+            f"launched by accelerate with a DeepSpeed config but parallel.backend={backend}; "
+            "pass parallel.backend=zero1 or zero2"
+        )
+
+
+def init_distributed(backend: str, device_setting: str = "auto") -> DistEnv:
+    """Create the default process group when `backend` (parallel.backend) is not `none`, even on one
+    process. `device_setting`: train.device (auto | cpu | cuda)."""
+    world_size = launched_world_size()
+    check_backend(backend, world_size)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    want = device_setting
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible; "
+                "launch at most one process per GPU"
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if backend != "none" and not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a plain `python train.py` run: a group of one
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+            os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts it is set
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo",
+            timeout=datetime.timedelta(minutes=30),
+            device_id=device if use_cuda else None,
+        )
+    return DistEnv(rank, world_size, local_rank, device, backend)
+
+
+def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The one bf16 decision of a run (`train.dtype`): autocast, FSDP2's param dtype and DeepSpeed's
+    bf16 mode all follow it. `auto` is bf16 on a CUDA device that supports it, fp32 otherwise;
+    explicit `bf16` is honoured (on CPU too: autocast runs there, slowly)."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if setting == "bf16" else torch.float32
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def shutdown(clean: bool = True) -> None:
+    """Destroy the process group. `clean`: first wait for every rank, so no rank tears down gloo
+    while a peer is still inside its last collective (that aborts the peer). Skip the barrier on
+    error paths, where a peer may be gone."""
+    if dist.is_available() and dist.is_initialized():
+        if clean:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (small Python objects only: loader states, flags)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+T = TypeVar("T")
+
+
+def rank0_decides(fn: Callable[[], T]) -> T:
+    """`fn()` evaluated on rank 0 only and its result handed to every rank, so that all ranks act on
+    one decision about shared files (lock, resume point) and none waits on a peer that failed: an
+    exception on rank 0 is re-raised there and raised on the others as the same message."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return fn()
+    outcome: list[Any] = [None]
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", fn())
+        except Exception as err:  # every rank must leave the broadcast below
+            error, outcome[0] = err, ("user" if isinstance(err, ValueError) else "fail", str(err))
+    dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
+    kind, value = outcome[0]
+    if kind == "user":
+        raise ConfigError(value)
+    if kind == "fail":
+        raise RuntimeError(f"rank 0 failed: {value}")
+    return value

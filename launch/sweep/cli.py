@@ -1,0 +1,118 @@
+"""Run a grid of training runs: scales x optimizers x learning rates x seeds (see launch/sweep/spec.py).
+
+    python -m launch.sweep configs/sweeps/cpu_mini.yaml                  # local, one cell after another
+    python -m launch.sweep configs/sweeps/paper.yaml --submit            # one Slurm job per cell
+    python -m launch.sweep SWEEP.yaml --dry-run [--submit] [--nproc N] [--only 'l1d64/*']
+
+Finished cells (a final evaluation at train.max_steps in metrics.jsonl) are skipped; unfinished ones
+are re-run with the same command, and train.py's run.resume=auto continues them from their newest
+checkpoint. A failing cell does not stop the others. Exit status: 0 when no cell failed, 1 when
+some did, 2 for a bad sweep file or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import shlex
+import shutil
+import sys
+import time
+
+from launch.sweep.jobs import cell_state, run_local, submit, train_argv
+from launch.sweep.spec import ROOT, Cell, SpecError, load_sweep
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m launch.sweep", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("sweep", help="sweep YAML (e.g. configs/sweeps/cpu_mini.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print every command (and job script); write nothing")
+    p.add_argument("--submit", action="store_true", help="one Slurm job script per cell, submitted with sbatch")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes (GPUs) per node for each cell; local default 1, Slurm default slurm.gpus_per_node or 8",
+    )
+    p.add_argument(
+        "--only", default=None, help="run the cells whose id (scale/optim/lrX-seedY) matches this glob (or contains it)"
+    )
+    return p.parse_args(argv)
+
+
+def select(cells: list[Cell], pattern: str | None) -> list[Cell]:
+    if not pattern:
+        return cells
+    glob = any(c in pattern for c in "*?[")
+    return [c for c in cells if (fnmatch.fnmatch(c.id, pattern) if glob else pattern in c.id)]
+
+
+def _fmt_loss(v: float | None) -> str:
+    return "-" if v is None else f"val_loss {v:.4f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sweep = load_sweep(args.sweep)
+        if args.nproc is not None and args.nproc < 1:
+            raise SpecError(f"--nproc must be >= 1, got {args.nproc}")
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    cells = select(sweep.cells, args.only)
+    if not cells:
+        print(f"error: no cell matches --only {args.only!r} (cells look like {sweep.cells[0].id})", file=sys.stderr)
+        return 2
+    nproc = args.nproc or (int(sweep.slurm.get("gpus_per_node", 8)) if args.submit else 1)
+    states = {c.id: cell_state(c) for c in cells}
+    todo = [c for c in cells if not states[c.id][0]]
+    print(
+        f"sweep {args.sweep}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run "
+        f"-> {sweep.runs_dir}"
+    )
+    summary: list[tuple[Cell, str, str]] = [
+        (c, "skipped", _fmt_loss(states[c.id][1]) + " (finished)") for c in cells if states[c.id][0]
+    ]
+    if args.submit:
+        results = submit(todo, sweep, nproc, args.dry_run)
+        summary += results
+        if not args.dry_run and shutil.which("sbatch") is None and todo:
+            _print_summary(summary, cells)
+            print(
+                f"error: sbatch not found on PATH; job scripts written under {sweep.runs_dir / 'slurm'} "
+                "(submit them with the commands above)",
+                file=sys.stderr,
+            )
+            return 1
+    elif args.dry_run:
+        print(f"# run from {ROOT}")
+        for c in todo:
+            print(shlex.join(train_argv(c, nproc)))
+        summary += [(c, "dry-run", "would run") for c in todo]
+    else:
+        for i, c in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {c.id}: {shlex.join(train_argv(c, nproc))}", flush=True)
+            t0 = time.perf_counter()
+            rc = run_local(c, nproc)
+            finished, val = cell_state(c)
+            took = f"{time.perf_counter() - t0:.1f} s"
+            if rc == 0 and finished:
+                summary.append((c, "done", f"{_fmt_loss(val)} ({took})"))
+            elif rc == 0:  # train.py saved and exited on SIGINT/SIGTERM: the user wants to stop
+                summary.append((c, "stopped", f"checkpointed; re-run the sweep to continue ({took})"))
+                print("a cell stopped on a signal: ending the sweep here", file=sys.stderr)
+                summary += [(rest, "not run", "") for rest in todo[i:]]
+                break
+            else:
+                summary.append((c, f"failed rc={rc}", f"{_fmt_loss(val)} ({took})"))
+    _print_summary(summary, cells)
+    return 1 if any(state.startswith(("failed", "stopped")) for _, state, _ in summary) else 0
+
+
+def _print_summary(summary: list[tuple[Cell, str, str]], cells: list[Cell]) -> None:
+    order = {c.id: i for i, c in enumerate(cells)}
+    width = max(len(c.id) for c in cells)
+    print("summary:")
+    for cell, state, note in sorted(summary, key=lambda r: order[r[0].id]):
+        print(f"  {cell.id:<{width}}  {state:<10}  {note}")

@@ -1,0 +1,120 @@
+"""Running one cell of a sweep: its command, locally (in this process when it can) or as a Slurm
+job script around the project's one recipe, `launch/scripts/slurm.sbatch`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from launch.run.records import read_run
+from launch.sweep.spec import ROOT, Cell, Sweep
+
+RECIPE = ROOT / "launch" / "scripts" / "slurm.sbatch"
+
+
+def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:
+    """The exact command of a cell, run from the project root."""
+    if nproc > 1 or cell.value("parallel.backend", "none") != "none":
+        return [
+            python,
+            "-m",
+            "launch.launcher",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "train.py",
+            "--config",
+            cell.base,
+            *cell.overrides,
+        ]
+    return [python, "train.py", "--config", cell.base, *cell.overrides]
+
+
+def in_process(cell: Cell, nproc: int) -> bool:
+    # One process without a process group: calling train.main saves ~2 s of interpreter and
+    # torch start-up per cell, which dominates a CPU mini-sweep.
+    return nproc == 1 and cell.value("parallel.backend", "none") == "none"
+
+
+def cell_state(cell: Cell) -> tuple[bool, float | None]:
+    """(finished, final val loss) of a cell's run directory."""
+    steps = cell.value("train.max_steps")
+    run = read_run(cell.run_dir, expected_steps=steps if isinstance(steps, int) else None)
+    return run.finished, run.final_val
+
+
+def run_local(cell: Cell, nproc: int) -> int:
+    """Run (or resume: train.py's run.resume=auto continues it, drops a torn metrics line, and starts
+    a cell killed before its first checkpoint over) one cell; its exit status."""
+    extra: list[str] = []
+    argv = train_argv(cell, nproc)
+    if in_process(cell, nproc):
+        from launch.loop import main as train_main  # imported once, reused for every cell
+
+        try:
+            return int(train_main(["--config", str(ROOT / cell.base), *cell.overrides, *extra]))
+        except SystemExit as err:  # argparse inside train.main
+            return err.code if isinstance(err.code, int) else 1
+        except Exception as err:  # a crashing cell must not stop the sweep
+            print(f"  {cell.id}: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([*argv, *extra], cwd=ROOT, env=env).returncode
+
+
+def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:
+    """A job script for one cell: its #SBATCH options and environment (the Python this sweep runs
+    on), then the project's recipe (`launch/scripts/slurm.sbatch`: srun, launcher, rendezvous)."""
+    s = sweep.slurm
+    nodes = int(s.get("nodes", 1))
+    head = [
+        "#!/usr/bin/env bash",
+        f"# sweep {sweep.path} cell {cell.id} (written by python -m launch.sweep --submit)",
+        f"#SBATCH --job-name={cell.id.replace('/', '.')}",
+        f"#SBATCH --output={log_dir}/%x-%j.out",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={nproc}",
+        f"#SBATCH --cpus-per-task={int(s.get('cpus_per_task', 8 * nproc))}",
+        "#SBATCH --signal=TERM@120          # train.py checkpoints on SIGTERM and exits 0",
+        "#SBATCH --requeue                  # a requeued job resumes from its run dir",
+    ]
+    head += [f"#SBATCH --{k}={s[k]}" for k in ("time", "partition", "account") if s.get(k)]
+    head += [f"#SBATCH {x}" for x in s.get("extra", [])]
+    args = " ".join(shlex.quote(a) for a in [cell.base, *cell.overrides])
+    env = [
+        f"export ORSCALE_VENV={shlex.quote(sys.prefix)}   # the environment this sweep was written from",
+        f"export ORSCALE_ROOT={shlex.quote(str(ROOT))}",
+        f"export GPUS_PER_NODE={nproc}",
+    ]
+    return "\n".join([*head, "set -euo pipefail", *env, f"exec bash {shlex.quote(str(RECIPE))} {args}", ""])
+
+
+def submit(cells: list[Cell], sweep: Sweep, nproc: int, dry_run: bool) -> list[tuple[Cell, str, str]]:
+    """Write one job script per cell under runs_dir/slurm/ and sbatch it. Returns (cell, state, note)."""
+    slurm_dir = sweep.runs_dir / "slurm"
+    log_dir = slurm_dir / "logs"
+    sbatch = shutil.which("sbatch")
+    if not dry_run:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for cell in cells:
+        script = slurm_dir / (cell.id.replace("/", "__") + ".sbatch")
+        text = slurm_script(cell, sweep, nproc, log_dir)
+        if dry_run:
+            print(f"# {script}\n{text}sbatch {shlex.quote(str(script))}\n")
+            results.append((cell, "dry-run", "would submit"))
+            continue
+        script.write_text(text)
+        if sbatch is None:
+            print(f"sbatch {shlex.quote(str(script))}")
+            results.append((cell, "written", str(script)))
+            continue
+        proc = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
+        out = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+        note = out[-1] if out else ""
+        results.append((cell, "submitted" if proc.returncode == 0 else f"failed rc={proc.returncode}", note))
+    return results

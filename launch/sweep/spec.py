@@ -1,0 +1,286 @@
+"""The sweep file: scales x optimizers x learning rates x seeds -> one cell (run directory) each.
+
+    base: configs/tiny.yaml            # config every cell starts from (a scale may name its own)
+    runs_dir: runs/sweeps/mini         # cells go to runs_dir/<scale>/<optimizer>/lr<lr>-seed<seed>
+    overrides: {train.max_steps: 40}   # dotted overrides common to every cell
+    scales:                            # a preset name, or a dict with a label and dotted overrides
+      - 125m
+      - {label: l1d64, model.n_layer: 1, model.d_model: 64, base: configs/tiny.yaml, lrs: [3e-3]}
+    optimizers:                        # name -> null (default lrs) | [lrs] | {lrs, label, overrides}
+      adamw: [1e-3, 3e-3]
+      orscale_lm: null
+    lrs: [1e-3, 3e-3]                  # default grid
+    seeds: [0, 1]
+    slurm: {gpus_per_node: 8, nodes: 1, time: "48:00:00", partition: gpu, extra: ["--qos=high"]}
+
+A cell's learning rates: the scale's `lrs` for that optimizer (a scale's `lrs` may be a list, or a
+mapping optimizer -> list), else the optimizer's own list, else the scale's plain list, else the
+default grid. Every problem raises SpecError with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.nested import dotted_get, load_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
+AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "train.seed")  # owned by the grid
+TOP_KEYS = ("base", "runs_dir", "overrides", "scales", "optimizers", "lrs", "seeds", "slurm", "description")
+SLURM_KEYS = ("gpus_per_node", "nodes", "cpus_per_task", "time", "partition", "account", "extra")
+
+
+class SpecError(ValueError):
+    """A bad sweep file: the message is one line."""
+
+
+@dataclass
+class Cell:
+    scale: str
+    optim: str  # label (directory name); usually the optimizer name
+    lr: float
+    seed: int
+    base: str  # config path as written in the command (relative to ROOT when inside it)
+    overrides: list[str]  # every dotted override, axes last
+    run_dir: Path
+
+    @property
+    def id(self) -> str:
+        return f"{self.scale}/{self.optim}/{lr_tag(self.lr)}-seed{self.seed}"
+
+    def value(self, dotted: str, default: Any = None) -> Any:
+        """The resolved value of a key: the last override, else the base YAML, else `default`."""
+        for item in reversed(self.overrides):
+            key, _, raw = item.partition("=")
+            if key == dotted:
+                return load_yaml(raw)
+        return dotted_get(
+            _read_yaml(ROOT / self.base if not Path(self.base).is_absolute() else Path(self.base)), dotted, default
+        )
+
+
+@dataclass
+class Sweep:
+    path: Path
+    runs_dir: Path
+    cells: list[Cell] = field(default_factory=list)
+    slurm: dict = field(default_factory=dict)
+
+
+def lr_tag(lr: float) -> str:
+    return f"lr{lr:.6g}"
+
+
+_yaml_cache: dict[Path, Any] = {}
+
+
+def _read_yaml(path: Path) -> Any:
+    if path not in _yaml_cache:
+        _yaml_cache[path] = load_yaml(path.read_text()) if path.is_file() else {}
+    return _yaml_cache[path]
+
+
+def _fail(msg: str) -> None:
+    raise SpecError(msg)
+
+
+def fmt_value(v: Any) -> str:
+    """A YAML scalar as train.py's dotted overrides read it back (bool -> true, list -> [..])."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def _overrides(raw: Any, where: str) -> list[str]:
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        _fail(f"{where} must be a mapping of section.key: value, got {raw!r}")
+    out = []
+    for key, value in raw.items():
+        key = str(key)
+        if "." not in key or key.split(".")[0] not in SECTIONS:
+            _fail(f"{where}: '{key}' is not a dotted config key (section.key, sections: {', '.join(SECTIONS)})")
+        if key in AXIS_KEYS:
+            _fail(f"{where}: '{key}' is set by the sweep's axes (scales/optimizers/lrs/seeds, runs_dir)")
+        out.append(f"{key}={fmt_value(value)}")
+    return out
+
+
+def _lrs(raw: Any, where: str) -> list[float]:
+    if not isinstance(raw, list) or not raw:
+        _fail(f"{where} must be a non-empty list of learning rates, got {raw!r}")
+    out = []
+    for v in raw:
+        try:  # PyYAML reads 1e-3 (no dot) as a string
+            f = float(v)
+        except (TypeError, ValueError):
+            _fail(f"{where}: {v!r} is not a number")
+        if not (math.isfinite(f) and f > 0):
+            _fail(f"{where}: learning rate {v!r} must be a positive number")
+        out.append(f)
+    return out
+
+
+def _base(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or not raw:
+        _fail(f"{where} must be a config path such as configs/tiny.yaml, got {raw!r}")
+    p = Path(raw)
+    for cand in [p] if p.is_absolute() else [Path.cwd() / p, ROOT / p]:
+        if cand.is_file():
+            cand = cand.resolve()
+            return str(cand.relative_to(ROOT)) if cand.is_relative_to(ROOT) else str(cand)
+    _fail(f"{where}: config file '{raw}' not found")
+    return ""
+
+
+def _label(raw: Any, where: str) -> str:
+    s = str(raw)
+    if not s or "/" in s or s.startswith(".") or any(c.isspace() for c in s):
+        _fail(f"{where}: label {raw!r} must be a non-empty directory name without '/' or spaces")
+    return s
+
+
+def _scales(raw: Any, base: str) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        _fail("'scales' must be a non-empty list of preset names or {label: ..., model.x: ...} mappings")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"scales[{i}]"
+        if isinstance(item, (str, int, float)) and not isinstance(item, bool):
+            out.append({"label": _label(item, where), "base": base, "lrs": None, "overrides": [f"model.preset={item}"]})
+            continue
+        if not isinstance(item, dict) or "label" not in item:
+            _fail(f"{where} must be a preset name or a mapping with a 'label', got {item!r}")
+        rest = {k: v for k, v in item.items() if k not in ("label", "base", "lrs")}
+        lrs = item.get("lrs")
+        if isinstance(lrs, dict):
+            lrs = {str(k): _lrs(v, f"{where}.lrs.{k}") for k, v in lrs.items()}
+        elif lrs is not None:
+            lrs = _lrs(lrs, f"{where}.lrs")
+        out.append(
+            {
+                "label": _label(item["label"], f"{where}.label"),
+                "base": _base(item["base"], f"{where}.base") if "base" in item else base,
+                "lrs": lrs,
+                "overrides": _overrides(rest, where),
+            }
+        )
+    return out
+
+
+def _optimizers(raw: Any) -> list[dict]:
+    items: list[tuple[str, Any]] = []
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            if isinstance(item, str):
+                items.append((item, None))
+            elif isinstance(item, dict) and "name" in item:
+                items.append((str(item.get("label", item["name"])), item))
+            else:
+                _fail(f"optimizers[{i}] must be a name or a mapping with 'name', got {item!r}")
+    elif isinstance(raw, dict) and raw:
+        items = [(str(k), v) for k, v in raw.items()]
+    else:
+        _fail("'optimizers' must be a non-empty list of names or a mapping name -> lrs")
+    out = []
+    for label, spec in items:
+        where = f"optimizers.{label}"
+        entry = {"label": _label(label, where), "name": label, "lrs": None, "overrides": []}
+        if isinstance(spec, list):
+            entry["lrs"] = _lrs(spec, where)
+        elif isinstance(spec, dict):
+            entry["name"] = str(spec.get("name", label))
+            if spec.get("lrs") is not None:
+                entry["lrs"] = _lrs(spec["lrs"], f"{where}.lrs")
+            rest = {k: v for k, v in spec.items() if k not in ("name", "label", "lrs")}
+            rest = rest.get("overrides", rest) if set(rest) == {"overrides"} else rest
+            entry["overrides"] = _overrides(rest, where)
+        elif spec is not None:
+            _fail(f"{where} must be null, a list of learning rates or a mapping, got {spec!r}")
+        out.append(entry)
+    return out
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Parse and check a sweep file; SpecError (one line) on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        _fail(f"sweep file '{path}' not found")
+    try:
+        doc = load_yaml(path.read_text())
+    except yaml.YAMLError as err:
+        _fail(f"sweep file '{path}' is not valid YAML: {str(err).splitlines()[0]}")
+    if not isinstance(doc, dict):
+        _fail(f"sweep file '{path}' must hold a mapping (base, runs_dir, scales, optimizers, lrs, seeds)")
+    unknown = sorted(set(map(str, doc)) - set(TOP_KEYS))
+    if unknown:
+        _fail(f"unknown sweep key '{unknown[0]}' (valid: {', '.join(TOP_KEYS)})")
+    for key in ("base", "runs_dir", "scales", "optimizers"):
+        if key not in doc:
+            _fail(f"sweep file '{path}' lacks '{key}'")
+    base = _base(doc["base"], "base")
+    if not isinstance(doc["runs_dir"], str) or not doc["runs_dir"]:
+        _fail(f"'runs_dir' must be a directory path, got {doc['runs_dir']!r}")
+    runs_dir = Path(doc["runs_dir"]).expanduser().resolve()
+    common = _overrides(doc.get("overrides"), "overrides")
+    default_lrs = _lrs(doc["lrs"], "lrs") if doc.get("lrs") is not None else None
+    seeds = doc.get("seeds", [42])
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        _fail(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    slurm = doc.get("slurm") or {}
+    if not isinstance(slurm, dict):
+        _fail(f"'slurm' must be a mapping ({', '.join(SLURM_KEYS)}), got {slurm!r}")
+    bad = sorted(set(map(str, slurm)) - set(SLURM_KEYS))
+    if bad:
+        _fail(f"unknown slurm key '{bad[0]}' (valid: {', '.join(SLURM_KEYS)})")
+
+    sweep = Sweep(path=path, runs_dir=runs_dir, slurm=slurm)
+    seen: set[str] = set()
+    for scale in _scales(doc["scales"], base):
+        for opt in _optimizers(doc["optimizers"]):
+            s_lrs = scale["lrs"]
+            lrs = (
+                (s_lrs.get(opt["label"]) if isinstance(s_lrs, dict) else None)
+                or opt["lrs"]
+                or (s_lrs if isinstance(s_lrs, list) else None)
+                or default_lrs
+            )
+            if not lrs:
+                _fail(
+                    f"no learning rates for optimizer '{opt['label']}' at scale '{scale['label']}': "
+                    "give 'lrs' (top level, per optimizer or per scale)"
+                )
+            for lr in lrs:
+                for seed in seeds:
+                    run_dir = runs_dir / scale["label"] / opt["label"] / f"{lr_tag(lr)}-seed{seed}"
+                    overrides = [
+                        *common,
+                        *scale["overrides"],
+                        *opt["overrides"],
+                        f"optim.name={opt['name']}",
+                        f"optim.lr={lr!r}",
+                        f"train.seed={seed}",
+                        f"run.dir={run_dir}",
+                    ]
+                    cell = Cell(scale["label"], opt["label"], lr, seed, scale["base"], overrides, run_dir)
+                    if cell.id in seen:
+                        _fail(f"two cells share the directory {cell.id} (duplicate label or learning rate)")
+                    seen.add(cell.id)
+                    sweep.cells.append(cell)
+    return sweep

@@ -1,0 +1,114 @@
+"""Single-process optimizers from an ``OptimConfig``: the pieces every placement builds on.
+
+``orscale.builder`` picks the placement (one process, DDP, FSDP2) on top of these, and DeepSpeed
+ZeRO's client optimizer (``orscale.distributed.zero``) builds its owner-side optimizers from them,
+so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from orscale.cbp import CBP, share_equalization_targets, summarize_cbp
+from orscale.diagnostics import merge_rows
+from orscale.optim_config import OptimConfig
+from orscale.trust_ratio import LAMB, LARS
+from orscale.variants import VARIANTS
+
+# The elementwise optimizers' classes by name; a placement may substitute its own (FSDP2's sharded ones).
+ELEMENTWISE_CLASSES: dict[str, type[torch.optim.Optimizer]] = {"cbp": CBP, "lamb": LAMB, "lars": LARS}
+
+
+def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` (DTensor-native under FSDP2) over routed param groups."""
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+
+
+def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    """MuonFamily's keyword arguments for `cfg` (shared by every placement, ZeRO's included)."""
+    return dict(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        variant=cfg.name,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        ns_coefficients=cfg.ns_coefficients,
+        ns_dtype=cfg.ns_dtype,
+        r_min=cfg.r_min,
+        r_max=cfg.r_max,
+        eps=cfg.trust_eps,
+        track_diagnostics=cfg.diagnostics,
+    )
+
+
+def elementwise_optimizer(
+    groups: list[dict[str, Any]], cfg: OptimConfig, classes: dict[str, type[torch.optim.Optimizer]] | None = None
+) -> torch.optim.Optimizer:
+    """CBP, LAMB or LARS (`cfg.name`) over routed param groups; `classes` overrides which class runs
+    each name (default ``ELEMENTWISE_CLASSES``)."""
+    cls: Any = (classes or ELEMENTWISE_CLASSES).get(cfg.name)
+    betas = (cfg.betas[0], cfg.betas[1])
+    if cfg.name == "cbp":
+        return cls(
+            groups,
+            lr=cfg.lr,
+            betas=betas,
+            weight_decay=cfg.weight_decay,
+            decoupled_weight_decay=True,
+            zeta=cfg.cbp_zeta,
+            rho=cfg.cbp_rho,
+            s_min=cfg.cbp_s_min,
+            s_max=cfg.cbp_s_max,
+            equalize=cfg.cbp_equalize,
+            precondition=cfg.cbp_precondition,
+        )
+    if cfg.name == "lamb":
+        return cls(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.name == "lars":
+        return cls(
+            groups,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            trust_coefficient=cfg.lars_trust_coefficient,
+            eps=cfg.eps,
+        )
+    raise ValueError(f"{cfg.name!r} is not an elementwise optimizer")
+
+
+@dataclass(frozen=True)
+class OwnerHooks:
+    """What owner-rank execution (ZeRO) needs of an optimizer beyond its step, for ranks that may hold
+    none of its tensors: a statistic shared across ranks before the step (`sync`), and how each
+    rank's diagnostics are taken (`payload`, given the owner optimizer or None) and merged (`merge`).
+    `lazy_calibration`: whether it keeps OrScale-LM's calibration constants."""
+
+    sync: Callable[[Any, list[str], Callable[[torch.Tensor], torch.Tensor], torch.device], None] | None
+    payload: Callable[[Any], Any] | None
+    merge: Callable[[list[Any]], dict[str, float]] | None
+    lazy_calibration: bool = False
+
+
+def owner_hooks(cfg: OptimConfig) -> OwnerHooks:
+    """The hooks of `cfg.name`'s optimizer (see OwnerHooks)."""
+    if cfg.name == "cbp":
+        return OwnerHooks(
+            share_equalization_targets if cfg.cbp_equalize else None,
+            lambda opt: opt.diagnostic_stats() if opt is not None else [],
+            summarize_cbp,
+        )
+    if cfg.name in ELEMENTWISE_CLASSES:  # LAMB, LARS: nothing shared, no diagnostics
+        return OwnerHooks(None, None, None)
+    return OwnerHooks(
+        None,
+        lambda opt: opt.diagnostic_rows() if opt is not None else ([], [], [], []),
+        merge_rows,
+        lazy_calibration=cfg.name in VARIANTS and VARIANTS[cfg.name].calibration == "lazy",
+    )

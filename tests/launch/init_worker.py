@@ -1,0 +1,61 @@
+"""Initial weights under each backend (run under torchrun, 2 CPU ranks): rank 0 saves the full
+state dict that FSDP2 (meta-device build), DDP and DeepSpeed ZeRO-2 start from, for
+tests/launch/test_distributed.py to compare, bit for bit, with a single-process `GPT(cfg, seed)`.
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/launch/init_worker.py --out init.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from launch.config import Config
+from launch.engine.parallelize import build_model
+from launch.runtime.process_group import init_distributed, shutdown
+from models import get_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODEL = dict(n_layer=2, d_model=64, n_head=4, max_seq_len=32, vocab_size=50257, center_mlp=True)
+SEED = 11
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    cfg = Config()
+    cfg.parallel.backend = "fsdp"
+    cfg.train.device = "cpu"
+    cfg.train.seed = SEED
+    env = init_distributed(cfg.parallel.backend, cfg.train.device)
+    results = {}
+    for backend in ("fsdp", "ddp"):
+        cfg.parallel.backend = backend
+        model = build_model(get_preset("tiny", **MODEL), cfg.parallel, cfg.train.seed, env)
+        results[backend] = full_state(model)
+    from launch.engine.deepspeed_engine import DeepSpeedEngine
+
+    cfg.parallel.backend = "zero2"
+    zero_model = dict(MODEL, center_mlp=False)  # ZeRO does not run the centred MLP
+    engine = DeepSpeedEngine(
+        get_preset("tiny", **zero_model), cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps=1
+    )
+    results["zero2"] = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    if env.rank == 0:
+        torch.save(results, args.out)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

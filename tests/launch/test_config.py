@@ -1,0 +1,80 @@
+"""Config loading: YAML + dotted overrides, typed, with one-line errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch.config import load_config, parse_overrides
+from launch.errors import ConfigError
+from tests.conftest import ROOT
+
+TINY = str(ROOT / "configs/tiny.yaml")
+
+
+def test_yaml_and_overrides_resolve_to_typed_values():
+    cfg = load_config(
+        TINY,
+        [
+            "optim.name=adamw",
+            "optim.lr=2e-3",
+            "train.max_steps=7",
+            "optim.betas=[0.8, 0.9]",
+            "model.preset=125m",
+            "data.seq_len=128",
+        ],
+    )
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == 2e-3 and cfg.train.max_steps == 7
+    assert cfg.optim.betas == [0.8, 0.9] and cfg.model.preset == "125m"
+    assert isinstance(cfg.optim.lr, float)
+
+
+def test_ints_become_floats_but_not_the_reverse():
+    assert load_config(TINY, ["optim.lr=1"]).optim.lr == 1.0
+    with pytest.raises(ConfigError, match="'train.max_steps' must be int"):
+        load_config(TINY, ["train.max_steps=1.5"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lrr=1", "unknown config key 'optim.lrr'"),
+        ("trainer.max_steps=1", "unknown config key 'trainer'"),
+        ("optim.lr=-1", "optim.lr must be a finite number > 0"),
+        ("optim.lr=0", "optim.lr must be a finite number > 0"),
+        ("optim.lr=inf", "must be a finite number"),
+        ("optim.lr=.nan", "must be a finite number"),
+        ("train.tokens_per_step=0", "train.tokens_per_step must be >= 1"),
+        ("train.tokens_per_step=64", "at least one window"),
+        ("run.keep_checkpoints=-1", "run.keep_checkpoints"),
+        ("optim.lr=fast", "'optim.lr' must be float"),
+        ("optim.r_min=6", "optim.r_min"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay must be >= 0"),
+        ("train.tokens_per_step=1000", "multiple of data.seq_len"),
+        ("data.val_tokens=100", "data.val_tokens"),
+        ("parallel.backend=tpu", "parallel.backend must be one of"),
+        ("train.dtype=fp8", "train.dtype"),
+        ("optim", "must look like section.key=value"),
+    ],
+)
+def test_bad_values_are_one_line_errors_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(TINY, [override])
+    assert "\n" not in str(err.value)
+
+
+def test_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+
+
+def test_override_parsing_keeps_strings_and_nests():
+    assert parse_overrides(["run.dir=/tmp/x", "a.b.c=true"]) == {"run": {"dir": "/tmp/x"}, "a": {"b": {"c": True}}}
+
+
+def test_one_path_where_a_list_is_expected():
+    cfg = load_config(TINY, ["data.data_files=assets/corpus/fineweb_edu_sample10BT_first150.jsonl"])
+    assert cfg.data.data_files == ["assets/corpus/fineweb_edu_sample10BT_first150.jsonl"]

@@ -1,0 +1,365 @@
+"""launch.sweep and launch.report: a real (tiny) sweep in-process, resume and skip, Slurm scripts,
+the report's tables against the logs, unfinished runs, and the statistics on hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from launch.report import build as report
+from launch.report.stats import _betainc, bootstrap_ci, compare, fit_power_law, t_test
+from launch.sweep import cli as sweep
+from launch.sweep import jobs
+from launch.sweep.spec import ROOT, load_sweep
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OPTIMS = ["adamw", "muon_moonlight", "orscale_lm"]
+LRS = [3e-3, 1e-2]
+COMMON = {
+    "data.seq_len": 32,
+    "model.max_seq_len": 32,
+    "data.val_tokens": 256,
+    "data.logical_shards": 2,
+    "train.tokens_per_step": 64,
+    "train.micro_batch_size": 2,
+    "train.max_steps": 4,
+    "train.log_every": 1,
+    "train.eval_every": 2,
+    "train.progress": False,
+    "optim.warmup_steps": 1,
+    "optim.ns_dtype": "fp32",
+}
+SCALES = [
+    {"label": "a", "model.n_layer": 1, "model.d_model": 32, "model.n_head": 2},
+    {"label": "b", "model.n_layer": 1, "model.d_model": 64, "model.n_head": 2},
+]
+
+
+def write_sweep(path: Path, runs_dir: Path, **changes) -> Path:
+    doc = {
+        "base": "configs/tiny.yaml",
+        "runs_dir": str(runs_dir),
+        "overrides": dict(COMMON),
+        "scales": SCALES,
+        "optimizers": OPTIMS,
+        "lrs": LRS,
+        "seeds": [0, 1],
+    }
+    for key, value in changes.items():
+        if key == "overrides":
+            doc["overrides"].update(value)
+        else:
+            doc[key] = value
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def read_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory, one_thread):
+    """The test grid (2 scales x 3 optimizers x 2 LRs x 2 seeds, 4 steps), run through the sweep
+    command in-process. One cell was first run for 2 steps, and a broken optimizer cell failed."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    runs = tmp / "runs"
+    pre = write_sweep(
+        tmp / "pre.yaml",
+        runs,
+        overrides={"train.max_steps": 2},
+        scales=SCALES[:1],
+        seeds=[0],
+        optimizers={"adamw": [LRS[0]], "no_such_optimizer": [LRS[0]]},
+    )
+    pre_rc = sweep.main([str(pre)])
+    pre_metrics = (runs / "a/adamw/lr0.003-seed0/metrics.jsonl").read_text()
+    spec = write_sweep(tmp / "mini.yaml", runs)
+    rc = sweep.main([str(spec)])
+    return {"tmp": tmp, "runs": runs, "spec": spec, "pre_rc": pre_rc, "rc": rc, "pre_metrics": pre_metrics}
+
+
+def test_sweep_runs_resumes_and_skips(mini, capsys):
+    assert mini["pre_rc"] == 1  # the broken cell failed, the other one still ran
+    assert mini["rc"] == 0
+    cells = load_sweep(mini["spec"]).cells
+    assert len(cells) == 24
+    for cell in cells:
+        lines = read_lines(cell.run_dir)
+        assert lines[-1]["step"] == 4 and "val_loss" in lines[-1], cell.id
+    # The 2-step cell was continued from its checkpoint, not restarted: its first two steps (logged
+    # under the 2-step schedule) are kept as they were, steps 3-4 follow, no step twice.
+    resumed = mini["runs"] / "a/adamw/lr0.003-seed0"
+    assert '"val_loss"' in mini["pre_metrics"].splitlines()[-1]
+    assert (resumed / "metrics.jsonl").read_text().startswith(mini["pre_metrics"])
+    assert not list(resumed.glob("metrics.*.jsonl"))  # no restart (run.overwrite keeps old metrics aside)
+    train_steps = [m["step"] for m in read_lines(resumed) if "train_loss" in m]
+    assert train_steps == [1, 2, 3, 4]
+    capsys.readouterr()
+    assert sweep.main([str(mini["spec"])]) == 0  # everything finished: all skipped
+    out = capsys.readouterr().out
+    assert "24 finished, 0 to run" in out and out.count("skipped") == 24
+
+
+def test_report_tables_and_pngs_match_logs(mini):
+    out = mini["tmp"] / "report"
+    summary = report.build_report(mini["runs"], out)
+    for name in (
+        "val_loss_vs_tokens.png",
+        "loss_vs_params.png",
+        "loss_vs_lr.png",
+        "muon_diagnostics.png",
+        "throughput.png",
+    ):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1024, name
+    md = (out / "report.md").read_text()
+    assert summary["n_runs"] == 24 and summary["n_finished"] == 24 and len(summary["rows"]) == 2
+    for row in summary["rows"]:
+        label = "a" if row["label"].endswith("d32,h2]") else "b"
+        for opt in OPTIMS:
+            g = row["groups"][opt]
+            # Recompute from the logs: mean over seeds of the final val loss, per LR; the best LR wins.
+            means = {}
+            for lr in LRS:
+                finals = [
+                    read_lines(mini["runs"] / label / opt / f"lr{lr:.6g}-seed{s}")[-1]["val_loss"] for s in (0, 1)
+                ]
+                means[lr] = (float(np.mean(finals)), float(np.std(finals, ddof=1)))
+            best = min(means, key=lambda lr: means[lr][0])
+            assert g["best_lr"] == best and g["mean"] == pytest.approx(means[best][0], abs=1e-12)
+            assert f"{means[best][0]:.4f} ± {means[best][1]:.4f}" in md
+            assert f"`{label}/{opt}/lr{best:.6g}-seed0` @" in md  # provenance names the run dirs
+    for section in (
+        "## Significance",
+        "## Learning-rate sensitivity",
+        "too few scales for a fit",
+        "edge of the grid",
+        "## Unfinished runs",
+        "None.",
+    ):
+        assert section in md, section
+    assert "paired t (n=2" in md
+
+
+def test_killed_cell_is_reported_then_rerun(mini, capsys):
+    """Truncate a finished cell's log mid-line and delete its checkpoints (a kill before the first
+    checkpoint): the report lists it as unfinished; re-running the sweep redoes only that cell."""
+    run = mini["runs"] / "b/orscale_lm/lr0.01-seed1"
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(lines[:2]) + lines[2][:25])
+    shutil.rmtree(run / "checkpoints")
+    summary = report.build_report(mini["runs"], mini["tmp"] / "report_killed")
+    assert list(summary["unfinished"]) == ["b/orscale_lm/lr0.01-seed1"]
+    assert "last line torn" in summary["unfinished"]["b/orscale_lm/lr0.01-seed1"]
+    md = (mini["tmp"] / "report_killed/report.md").read_text()
+    assert "`b/orscale_lm/lr0.01-seed1`" in md.split("## Unfinished runs")[1]
+    row_b = next(r for r in summary["rows"] if r["label"].endswith("d64,h2]"))
+    assert row_b["groups"]["orscale_lm"]["by_lr"]["0.01"]["n"] == 1  # never averaged in
+    capsys.readouterr()
+    assert sweep.main([str(mini["spec"])]) == 0
+    out = capsys.readouterr().out
+    assert "23 finished, 1 to run" in out
+    assert read_lines(run)[-1]["step"] == 4
+    assert list(run.glob("metrics.*.jsonl"))  # train.py restarted the cell, keeping the old log aside
+
+
+def test_dry_run_prints_commands_and_writes_nothing(tmp_path, capsys):
+    spec = write_sweep(tmp_path / "s.yaml", tmp_path / "runs")
+    assert sweep.main([str(spec), "--dry-run", "--only", "a/*"]) == 0
+    out = capsys.readouterr().out
+    cmds = [x for x in out.splitlines() if x.startswith(sys.executable)]
+    assert len(cmds) == 12 and all(" train.py --config configs/tiny.yaml " in c for c in cmds)
+    assert any(
+        c.endswith(
+            f"optim.name=muon_moonlight optim.lr=0.01 train.seed=1 run.dir={tmp_path}/runs/a/"
+            "muon_moonlight/lr0.01-seed1"
+        )
+        for c in cmds
+    )
+    assert sweep.main([str(spec), "--dry-run", "--submit"]) == 0
+    assert capsys.readouterr().out.count("\nsbatch ") == 24
+    assert sweep.main([str(spec), "--dry-run", "--nproc", "2", "--only", "b/adamw/lr0.003-seed0"]) == 0
+    assert "-m launch.launcher --standalone --nproc_per_node=2 train.py" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_submit_writes_job_scripts_and_calls_sbatch(tmp_path, monkeypatch, capsys):
+    spec = write_sweep(tmp_path / "s.yaml", tmp_path / "runs", scales=SCALES[:1], seeds=[7])
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "sbatch"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/sbatch_calls\necho 'Submitted batch job 4242'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bindir))
+    assert sweep.main([str(spec), "--submit", "--nproc", "4"]) == 0
+    scripts = sorted((tmp_path / "runs/slurm").glob("*.sbatch"))
+    assert len(scripts) == 6
+    calls = (tmp_path / "sbatch_calls").read_text().split()
+    assert sorted(calls) == [str(s) for s in scripts]
+    text = (tmp_path / "runs/slurm/a__orscale_lm__lr0.01-seed7.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --requeue" in text and f"cd {ROOT}" in text
+    assert (
+        "python -m launch.launcher --standalone --nproc_per_node=4 train.py --config configs/tiny.yaml" in text
+        and f"optim.name=orscale_lm optim.lr=0.01 train.seed=7 run.dir={tmp_path}/runs/a/orscale_lm/lr0.01-seed7"
+        in text
+    )
+    assert "Submitted batch job 4242" in capsys.readouterr().out
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch: paths + commands, one error line
+    assert sweep.main([str(spec), "--submit"]) == 1
+    cap = capsys.readouterr()
+    assert cap.err.count("\n") == 1 and cap.err.startswith("error: sbatch not found")
+    assert cap.out.count("sbatch ") == 6
+
+
+@pytest.mark.parametrize(
+    "doc, needle",
+    [
+        ("base: [unclosed", "not valid YAML"),
+        ("base: configs/tiny.yaml\nruns_dir: r\noptimizers: [adamw]\nlrs: [1e-3]", "lacks 'scales'"),
+        ("base: configs/nope.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [1e-3]", "not found"),
+        ("base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [fast]", "not a number"),
+        (
+            "base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [1e-3]\nseed: [1]",
+            "unknown sweep key 'seed'",
+        ),
+        (
+            "base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [1e-3]\n"
+            "overrides: {optim.lr: 1}",
+            "set by the sweep's axes",
+        ),
+        ("base: configs/tiny.yaml\nruns_dir: r\nscales: [{n_layer: 2}]\noptimizers: [adamw]\nlrs: [1e-3]", "label"),
+    ],
+)
+def test_bad_sweep_file_is_one_error_line(tmp_path, capsys, doc, needle):
+    (tmp_path / "bad.yaml").write_text(doc)
+    assert sweep.main([str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_ready_sweep_files():
+    paper = load_sweep(ROOT / "configs/sweeps/paper.yaml")
+    assert len(paper.cells) == 12
+    cell = next(c for c in paper.cells if c.id == "399m/orscale_lm/lr0.0009503-seed42")
+    assert cell.base == "configs/399m.yaml" and cell.value("train.max_steps") == 11342
+    assert jobs.train_argv(cell, 8)[1:6] == ["-m", "launch.launcher", "--standalone", "--nproc_per_node=8", "train.py"]
+    mini = load_sweep(ROOT / "configs/sweeps/cpu_mini.yaml")
+    assert len(mini.cells) == 24 and all(jobs.in_process(c, 1) for c in mini.cells)
+
+
+# ---- synthetic logs: statistics, fits, unfinished/diverged runs
+
+
+def fake_run(
+    path: Path,
+    *,
+    n_layer=1,
+    d_model=64,
+    optim="adamw",
+    lr=1e-3,
+    seed=0,
+    steps=10,
+    tps=64,
+    losses=None,
+    nonemb=None,
+    tail="",
+) -> Path:
+    path.mkdir(parents=True)
+    cfg = {
+        "run": {"dir": str(path)},
+        "model": {"preset": "tiny", "n_layer": n_layer, "d_model": d_model, "n_head": None, "vocab_size": None},
+        "data": {"seq_len": 32, "val_tokens": 256},
+        "optim": {"name": optim, "lr": lr},
+        "train": {"max_steps": steps, "tokens_per_step": tps, "seed": seed},
+        "parallel": {"backend": "none"},
+    }
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (path / "run.log").write_text(f'x INFO run dir {path}, git commit abc123def456\nx INFO setup: {{"params": 1000}}\n')
+    lines = [
+        json.dumps(
+            {
+                "step": steps,
+                "tokens": steps * tps,
+                "train_loss": 5.0,
+                "tokens_per_s": 100.0,
+                **({"non_embedding_params": nonemb} if nonemb else {}),
+            }
+        )
+    ]
+    lines += [f'{{"step": {steps}, "tokens": {steps * tps}, "val_loss": {v}}}' for v in (losses or [])]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + tail)
+    return path
+
+
+def test_scaling_fit_recovers_exponent(tmp_path):
+    E, A, alpha = 2.0, 300.0, 0.35
+    for n in (1e5, 1e6, 1e7, 1e8, 1e9):
+        for opt, shift in (("adamw", 0.0), ("orscale_lm", -0.05)):
+            fake_run(
+                tmp_path / f"{n:g}/{opt}",
+                d_model=int(math.log10(n)) * 2,
+                optim=opt,
+                losses=[E + shift + A * n**-alpha],
+                nonemb=n,
+            )
+    summary = report.build_report(tmp_path, tmp_path / "out")
+    fits = {k.split("/")[1]: v for k, v in summary["fits"].items()}
+    assert fits["adamw"]["alpha"] == pytest.approx(alpha, abs=1e-3) and fits["adamw"]["E"] == pytest.approx(E, abs=1e-3)
+    assert fits["orscale_lm"]["E"] == pytest.approx(E - 0.05, abs=1e-3)
+    direct = fit_power_law([1e2, 1e3, 1e4, 1e5], [1.0 + 5.0 * x**-0.5 for x in (1e2, 1e3, 1e4, 1e5)])
+    assert (direct.E, direct.A, direct.alpha) == pytest.approx((1.0, 5.0, 0.5), rel=1e-3)
+    assert fit_power_law([1, 2], [3, 2]) is None
+    assert "1 seed — no test" in (tmp_path / "out/report.md").read_text()
+
+
+def test_data_efficiency_multiplier(tmp_path):
+    # AdamW at three budgets on L(D) = 2.5 + 50 D^-0.3; OrScale-LM at D0 reaches AdamW's loss at 2 D0.
+    law = lambda d: 2.5 + 50 * d**-0.3  # noqa: E731
+    for steps in (100, 200, 400):
+        fake_run(tmp_path / f"adamw{steps}", steps=steps, losses=[law(steps * 64)])
+    fake_run(tmp_path / "ours", optim="orscale_lm", steps=100, losses=[law(2 * 100 * 64)])
+    report.build_report(tmp_path, tmp_path / "out")
+    md = (tmp_path / "out/report.md").read_text()
+    assert "| OrScale-LM | 6,400 | " in md and "| 2.000 |" in md
+
+
+def test_unfinished_truncated_missing_and_diverged(tmp_path):
+    fake_run(tmp_path / "ok", losses=[3.0])
+    fake_run(tmp_path / "torn", losses=[], tail='{"step": 10, "tokens": 640, "val_lo')
+    fake_run(tmp_path / "nan", seed=1, losses=["NaN"])
+    fake_run(tmp_path / "null", seed=2, lr=3e-3, losses=["null"])
+    (fake_run(tmp_path / "nometrics", losses=[3.0]) / "metrics.jsonl").unlink()
+    (fake_run(tmp_path / "noconfig", losses=[3.0]) / "config.yaml").unlink()
+    summary = report.build_report(tmp_path, tmp_path / "out")
+    assert set(summary["unfinished"]) == {"torn", "nometrics", "noconfig"}
+    assert "last line torn" in summary["unfinished"]["torn"]
+    g = summary["rows"][0]["groups"]["adamw"]
+    assert g["best_lr"] == 1e-3 and g["mean"] is None  # 3.0 and NaN: the LR counts as diverged
+    assert g["by_lr"]["0.003"]["mean"] is None
+    md = (tmp_path / "out/report.md").read_text()
+    assert "diverged" in md and "metrics.jsonl missing" in md and "config.yaml missing" in md
+
+
+def test_stats_agree_with_hand_computed_case():
+    a, b = [3.0, 3.1, 3.2], [3.1, 3.25, 3.3]  # d = -0.1, -0.15, -0.1: mean -0.11667, sd 0.028868
+    t, df, p = t_test(a, b, paired=True)
+    # t = mean / (sd/sqrt 3) = -7 with 2 df; for 2 df, P(T > t) = (1 - t/sqrt(t^2 + 2)) / 2.
+    assert t == pytest.approx(-7.0, rel=1e-9) and df == 2
+    assert p == pytest.approx(1 - 7 / math.sqrt(51), rel=1e-9)
+    assert 0.5 * _betainc(1.0, 0.5, 2 / 51) == pytest.approx((1 - 7 / math.sqrt(51)) / 2, rel=1e-9)
+    # Resampled means of {-0.1, -0.15, -0.1}: P(all -0.15) = 1/27 > 2.5%, P(all -0.1) = 8/27 > 2.5%.
+    assert bootstrap_ci(a, b, paired=True) == pytest.approx((-0.15, -0.10), abs=1e-12)
+    c = compare({0: 3.0, 1: 3.1, 2: 3.2}, {0: 3.1, 1: 3.25, 2: 3.3})
+    assert c.paired and c.diff == pytest.approx(-0.35 / 3) and c.p == pytest.approx(p)
+    assert compare({0: 3.0}, {0: 3.1, 1: 3.2}) is None  # 1 seed: no test
+    w = compare({0: 1.0, 1: 2.0, 2: 3.0}, {5: 2.0, 6: 4.0})  # different seeds: Welch
+    assert not w.paired and w.t == pytest.approx(-1.0 / math.sqrt(1 / 3 + 1), rel=1e-9)

@@ -1,0 +1,97 @@
+"""train.py end to end on the bundled corpus, and its handling of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch.loop import main as train_main
+from tests.conftest import ROOT
+
+TINY = str(ROOT / "configs/tiny.yaml")
+FAST = [
+    "model.n_layer=2",
+    "data.seq_len=64",
+    "model.max_seq_len=64",
+    "data.val_tokens=2048",
+    "train.tokens_per_step=512",
+    "train.micro_batch_size=8",
+    "train.progress=false",
+    "data.logical_shards=8",
+]
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
+def test_short_run_loss_falls_and_run_dir_is_complete(tmp_path, optim):
+    run_dir = tmp_path / "run"
+    rc = train_main(
+        [
+            "--config",
+            TINY,
+            *FAST,
+            f"run.dir={run_dir}",
+            f"optim.name={optim}",
+            "train.max_steps=40",
+            "optim.warmup_steps=5",
+            "train.log_every=5",
+            "train.eval_every=20",
+        ]
+    )
+    assert rc == 0
+    metrics = read_metrics(run_dir)
+    train_lines = [m for m in metrics if "train_loss" in m]
+    val_lines = [m for m in metrics if "val_loss" in m]
+    assert [m["step"] for m in val_lines] == [20, 40]
+    assert train_lines[0]["step"] == 1 and train_lines[-1]["step"] == 40
+    for key in ("tokens", "lr", "grad_norm", "tokens_per_s"):
+        assert key in train_lines[-1]
+    assert train_lines[0]["train_loss"] - train_lines[-1]["train_loss"] >= 1.0, train_lines
+    assert train_lines[0]["train_loss"] - val_lines[-1]["val_loss"] >= 1.0
+    assert (run_dir / "config.yaml").is_file()
+    log = (run_dir / "run.log").read_text()
+    assert "git commit" in log and "environment" in log and "resolved config" in log
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000040"
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.name=sgdx"], "optim.name"),
+        (["data.seq_len=512"], "exceeds the model's context"),
+        (["data.data_files=[/nonexistent/corpus.jsonl]"], "not found"),
+        (["data.tokenizer=/nonexistent/tok.json"], "not found"),
+        (["model.preset=7b"], "unknown model.preset"),
+        (["train.micro_batch_size=3"], "not a multiple"),
+        (["optim.lr=-1"], "optim.lr must be a finite number > 0"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_no_run_dir(tmp_path, capsys, overrides, message):
+    run_dir = tmp_path / "run"
+    rc = train_main(["--config", TINY, *FAST, f"run.dir={run_dir}", *overrides])
+    assert rc == 2
+    line = _error_line(capsys)
+    assert line.startswith("error: ") and message in line
+    assert not run_dir.exists()
+
+
+def test_existing_run_is_never_overwritten(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "config.yaml").write_text("precious\n")
+    rc = train_main(["--config", TINY, *FAST, f"run.dir={run_dir}", "train.max_steps=1"])
+    assert rc == 2 and "already holds a run" in _error_line(capsys)
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (run_dir / "config.yaml").read_text() == "precious\n"

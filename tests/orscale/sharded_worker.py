@@ -1,0 +1,363 @@
+"""The 2-rank side of tests/orscale/test_sharded_optim.py (also runnable by hand):
+
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node=2 tests/orscale/sharded_worker.py --out r.json --ckpt DIR
+
+Every rank runs the single-process reference itself (plain ``MuonFamily`` + AdamW on the whole
+model, no collectives), then FSDP2 (owner and replicate mode) and DDP runs from the same initial
+weights with the same synthetic gradients (fp32 Newton–Schulz), comparing every step; a DCP
+round-trip of the sharded optimizer state; and short real forward/backward runs. Rank 0 writes
+one JSON file with the numbers; the tests assert on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orscale import (
+    MuonFamily,
+    OptimConfig,
+    build_optimizers,
+    set_lr,
+)
+from orscale.distributed.owners import row_split
+from orscale.routing import canonical_name
+
+PRESETS = ["muon_moonlight", "orscale_lm", "mutrust", "orscale_lm_decoupled"]
+LRS = [0.0, 0.02, 0.05, 0.03, 0.01, 0.02]  # step 0 has lr = 0: no update, no calibration
+DROP_STEP = 3  # at this step one matrix has no gradient (the partial path)
+DROP = {"toy": "blocks.1.b.weight", "gpt": "blocks.1.attn.out.weight"}
+FLAVOURS = [("fsdp", "owner"), ("fsdp", "replicate"), ("ddp", "owner"), ("ddp", "replicate")]
+_SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+class ToyBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 1, bias=False)  # 1 row: rank 1's shard is EMPTY
+        self.b = nn.Linear(7, 5, bias=False)  # 5 rows: 3 + 2 (uneven)
+        self.c = nn.Linear(6, 6, bias=False)
+        self.d = nn.Linear(3, 10, bias=False)  # tall: NS works on the transpose
+
+
+class Toy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(9, 6)
+        self.blocks = nn.ModuleList([ToyBlock(), ToyBlock()])
+        self.final_norm = nn.Parameter(torch.ones(5))  # 1-D, 3 + 2 rows: AdamW on DTensors
+
+
+def make_model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "toy":
+        return Toy()
+    from models.gpt import GPT
+    from models.presets import get_preset
+
+    return GPT(get_preset("tiny", n_layer=2, d_model=64, n_head=4, max_seq_len=32, vocab_size=512))
+
+
+def synthetic_grads(model: nn.Module, kind: str, t: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + t)
+    out = {}
+    for name, p in model.named_parameters():
+        name = canonical_name(name)
+        g = 0.5 * torch.randn(p.shape, generator=gen)
+        if not (t == DROP_STEP and name == DROP[kind]):
+            out[name] = g
+    return out
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if is_dtensor(t) else t.detach()
+
+
+def set_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for name, p in model.named_parameters():
+        g = grads.get(canonical_name(name))
+        if g is None:
+            p.grad = None
+        elif is_dtensor(p):
+            mesh = p.device_mesh
+            rows, starts = row_split(p.shape[0], mesh.size())
+            r = mesh.get_local_rank()
+            local = g[starts[r] : starts[r] + rows[r]].clone()
+            p.grad = DTensor.from_local(local, mesh, p.placements, shape=p.shape, stride=p.stride())
+        else:
+            p.grad = g.clone()
+
+
+def shard(model: nn.Module, backend: str) -> nn.Module:
+    if backend == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model)
+
+
+def muon_of(opts: list) -> MuonFamily:
+    return next(o for o in opts if isinstance(o, MuonFamily))
+
+
+def c_values(opt: MuonFamily) -> list[float]:
+    return [float(opt.state[p]["c"]) if "c" in opt.state[p] else 1.0 for p in opt.param_groups[0]["params"]]
+
+
+def cfg_for(preset: str) -> OptimConfig:
+    return OptimConfig(name=preset, ns_dtype="fp32", lr=0.02)
+
+
+def reference(kind: str, preset: str) -> dict:
+    """Single-process run: per step, full weights (by canonical name) and c."""
+    model = make_model(kind)
+    opts = build_optimizers(model, cfg_for(preset))
+    weights, cs = [], []
+    for t, lr in enumerate(LRS):
+        set_grads(model, synthetic_grads(model, kind, t))
+        set_lr(opts, lr)
+        for o in opts:
+            o.step()
+        weights.append({canonical_name(n): p.detach().clone() for n, p in model.named_parameters()})
+        cs.append(c_values(muon_of(opts)))
+    muon = muon_of(opts)
+    names = muon.param_groups[0]["param_names"]
+    moms = {
+        canonical_name(n): muon.state[p]["momentum_buffer"].clone()
+        for n, p in zip(names, muon.param_groups[0]["params"], strict=True)
+    }
+    return {"weights": weights, "c": cs, "momentum": moms, "ns_calls": muon.ns_calls}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+class _NoHostSync:
+    """Inside: any Python-level host sync on a tensor (``.item()``, ``bool(t)``, ...) raises."""
+
+    def __enter__(self):
+        self.saved = {a: getattr(torch.Tensor, a) for a in _SYNCING}
+
+        def forbidden(*args, **kwargs):
+            raise AssertionError("host sync inside the optimizer step")
+
+        for a in _SYNCING:
+            setattr(torch.Tensor, a, forbidden)
+
+    def __exit__(self, *exc):
+        for a, f in self.saved.items():
+            setattr(torch.Tensor, a, f)
+
+
+def sharded_run(kind: str, preset: str, backend: str, mode: str, ref: dict, bucket_numel: int | None = None) -> dict:
+    model = shard(make_model(kind), backend)
+    opts = build_optimizers(model, cfg_for(preset), backend=backend, mode=mode)
+    muon = muon_of(opts)
+    if bucket_numel is not None:
+        muon.bucket_numel = bucket_numel
+    err_m = err_a = c_err = 0.0
+    ns_calls, n_active, bytes_sent, collectives, cs = [], [], [], [], []
+    for t, lr in enumerate(LRS):
+        set_grads(model, synthetic_grads(model, kind, t))
+        set_lr(opts, lr)
+        with _NoHostSync():
+            muon.step()
+        for o in opts:
+            if o is not muon:
+                o.step()
+        for n, p in model.named_parameters():
+            e = rel(full(p), ref["weights"][t][canonical_name(n)])
+            if p.ndim == 2 and canonical_name(n).startswith("blocks."):
+                err_m = max(err_m, e)
+            else:
+                err_a = max(err_a, e)
+        c = c_values(muon)
+        cs.append(c)
+        c_err = max([c_err] + [abs(x - y) / max(abs(y), 1e-30) for x, y in zip(c, ref["c"][t], strict=True)])
+        ns_calls.append(muon.ns_calls)
+        n_active.append(sum(1 for p in muon.param_groups[0]["params"] if p.grad is not None))
+        bytes_sent.append(muon.bytes_sent)
+        collectives.append(muon.n_collectives)
+    names = muon.param_groups[0]["param_names"]
+    mom_err = max(
+        rel(full(muon.state[p]["momentum_buffer"]), ref["momentum"][canonical_name(n)])
+        for n, p in zip(names, muon.param_groups[0]["params"], strict=True)
+    )
+    mom_is_dtensor = all(is_dtensor(muon.state[p]["momentum_buffer"]) for p in muon.param_groups[0]["params"])
+    c_plain = all(
+        not is_dtensor(muon.state[p]["c"]) and muon.state[p]["c"].dtype == torch.float32
+        for p in muon.param_groups[0]["params"]
+        if "c" in muon.state[p]
+    )
+    return dict(
+        err_matrix=err_m,
+        err_adamw=err_a,
+        c_err=c_err,
+        c=cs,
+        ns_calls=ns_calls,
+        n_active=n_active,
+        bytes_sent=bytes_sent,
+        collectives=collectives,
+        momentum_err=mom_err,
+        momentum_is_dtensor=mom_is_dtensor,
+        c_plain=c_plain,
+        n_matrices=len(names),
+        owners=muon.owners()[0],
+    )
+
+
+def dcp_roundtrip(kind: str, ckpt: str) -> dict:
+    """FSDP2 `kind` model, orscale_lm: 3 steps, save, load into a fresh model/optimizers,
+    compare; then one more identical step on both; and load the same files into one plain
+    process (the toy model has an empty shard on rank 1 of 2)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def build():
+        model = shard(make_model(kind), "fsdp")
+        return model, build_optimizers(model, cfg_for("orscale_lm"), backend="fsdp")
+
+    model, opts = build()
+    for t in range(1, 4):
+        set_grads(model, synthetic_grads(model, kind, t))
+        set_lr(opts, LRS[t])
+        for o in opts:
+            o.step()
+    msd, osd = get_state_dict(model, opts)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+    fresh, fresh_opts = build()
+    msd, osd = get_state_dict(fresh, fresh_opts)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(fresh, fresh_opts, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    a, b = muon_of(opts), muon_of(fresh_opts)
+    pa, pb = a.param_groups[0]["params"], b.param_groups[0]["params"]
+    out = {
+        "momentum_equal": all(
+            torch.equal(a.state[p]["momentum_buffer"].to_local(), b.state[q]["momentum_buffer"].to_local())
+            for p, q in zip(pa, pb, strict=True)
+        ),
+        "momentum_is_dtensor": all(is_dtensor(b.state[q]["momentum_buffer"]) for q in pb),
+        "c_equal": all(torch.equal(a.state[p]["c"], b.state[q]["c"]) for p, q in zip(pa, pb, strict=True)),
+        "c_positive": all(float(b.state[q]["c"]) > 0 for q in pb),
+        "c_plain_fp32": all(
+            not is_dtensor(b.state[q]["c"]) and b.state[q]["c"].dtype == torch.float32 and b.state[q]["c"].ndim == 0
+            for q in pb
+        ),
+    }
+    saved_moms = [full(a.state[p]["momentum_buffer"]) for p in pa]
+    grads = synthetic_grads(model, kind, 4)
+    for m, os_ in ((model, opts), (fresh, fresh_opts)):
+        set_grads(m, grads)
+        set_lr(os_, LRS[4])
+        for o in os_:
+            o.step()
+    out["next_step_equal"] = all(
+        torch.equal(p.to_local(), q.to_local()) for p, q in zip(model.parameters(), fresh.parameters(), strict=True)
+    )
+    # The sharded checkpoint into one plain (unsharded) process: full momentum and c.
+    plain = make_model(kind)
+    plain_opts = build_optimizers(plain, cfg_for("orscale_lm"))
+    msd, osd = get_state_dict(plain, plain_opts)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    set_state_dict(plain, plain_opts, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    c = muon_of(plain_opts)
+    pc = c.param_groups[0]["params"]
+    out["plain_momentum_equal"] = all(
+        torch.equal(m, c.state[q]["momentum_buffer"]) for m, q in zip(saved_moms, pc, strict=True)
+    )
+    out["plain_c_equal"] = all(torch.equal(a.state[p]["c"], c.state[q]["c"]) for p, q in zip(pa, pc, strict=True))
+    return out
+
+
+def real_backward(backend: str) -> dict:
+    """GPT, orscale_lm, 3 steps with real batches: each rank backpropagates half of the batch
+    (the backend averages the gradients); the reference sees the whole batch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def batch(t):
+        gen = torch.Generator().manual_seed(77 + t)
+        return torch.randint(0, 512, (12, 32), generator=gen)  # splits evenly over 1–4 ranks
+
+    def loss_of(m, idx):
+        logits = m(idx)
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), torch.roll(idx, -1, 1).flatten())
+
+    ref = make_model("gpt")
+    ref_opts = build_optimizers(ref, cfg_for("orscale_lm"))
+    model = shard(make_model("gpt"), backend)
+    opts = build_optimizers(model, cfg_for("orscale_lm"), backend=backend)
+    err = {"matrix": 0.0, "adamw": 0.0}
+    for t in range(3):
+        idx = batch(t)
+        for m, os_, x in ((ref, ref_opts, idx), (model, opts, idx.chunk(world)[rank])):
+            for o in os_:
+                o.zero_grad(set_to_none=True)
+            loss_of(m, x).backward()
+            set_lr(os_, 0.02)
+            for o in os_:
+                o.step()
+        ref_w = {canonical_name(n): p.detach() for n, p in ref.named_parameters()}
+        for n, p in model.named_parameters():
+            k = "matrix" if p.ndim == 2 and canonical_name(n).startswith("blocks.") else "adamw"
+            err[k] = max(err[k], rel(full(p), ref_w[canonical_name(n)]))
+    return err
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--ckpt", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results: dict = {"world": dist.get_world_size(), "runs": {}}
+    for kind in ("toy", "gpt"):
+        for preset in PRESETS:
+            ref = reference(kind, preset)
+            for backend, mode in FLAVOURS:
+                key = f"{kind}/{preset}/{backend}/{mode}"
+                results["runs"][key] = sharded_run(kind, preset, backend, mode, ref)
+                results["runs"][key]["ref_c"] = ref["c"]
+                results["runs"][key]["ref_ns_calls"] = ref["ns_calls"]
+            if preset == "orscale_lm":  # several buckets, some where a rank owns nothing
+                key = f"{kind}/{preset}/fsdp/owner_bucketed"
+                results["runs"][key] = sharded_run(
+                    kind, preset, "fsdp", "owner", ref, bucket_numel=40 if kind == "toy" else 12288
+                )
+                results["runs"][key]["ref_c"] = ref["c"]
+    results["dcp"] = {kind: dcp_roundtrip(kind, f"{args.ckpt}_{kind}") for kind in ("toy", "gpt")}
+    results["real"] = {b: real_backward(b) for b in ("fsdp", "ddp")}
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, results)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({"ranks": gathered}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,194 @@
+"""Sharded Muon family (orscale/distributed/): 2-rank FSDP2 (owner / replicate) and DDP runs equal
+the single-process MuonFamily step by step; NS once per matrix; DCP round-trip of the sharded
+state. The distributed numbers come from ONE torchrun launch of tests/orscale/sharded_worker.py (shared
+by every test here); the helpers' own tests run in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from orscale import MuonFamily, OptimConfig, ReplicatedMuonFamily, ShardedMuonFamily, build_optimizers
+from orscale import OptimConfigError as ConfigError
+from orscale.distributed.owners import assign_owners, make_buckets, ns_cost, row_split
+from tests.helpers import ROOT, env, free_port
+from tests.orscale.sharded_worker import FLAVOURS, LRS, PRESETS
+
+TOL = 1e-5  # relative (Frobenius) error vs the single-process run; fp32 NS
+RUNS = [
+    f"{kind}/{preset}/{backend}/{mode}" for kind in ("toy", "gpt") for preset in PRESETS for backend, mode in FLAVOURS
+]
+RUNS += [f"{kind}/orscale_lm/fsdp/owner_bucketed" for kind in ("toy", "gpt")]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> list[dict]:
+    """Per-rank result dicts of one 2-rank run of the worker (about 20–40 s on 2 CPU cores)."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(ROOT / "tests/orscale/sharded_worker.py"),
+        "--out",
+        str(tmp / "result.json"),
+        "--ckpt",
+        str(tmp / "ckpt"),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(f"sharded_worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads((tmp / "result.json").read_text())["ranks"]
+
+
+# ----------------------------------------------------------------------------- 2 ranks
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("key", RUNS)
+def test_matches_single_process(worker: list[dict], key: str) -> None:
+    ranks = [w["runs"][key] for w in worker]  # (the step also ran with host syncs forbidden)
+    for r, run in enumerate(ranks):
+        assert run["err_matrix"] <= TOL, (r, run["err_matrix"])  # max over steps and matrices
+        assert run["err_adamw"] <= TOL, (r, run["err_adamw"])  # AdamW on DTensors / DDP
+        assert run["momentum_err"] <= TOL, (r, run["momentum_err"])
+        assert run["c_err"] <= TOL, (r, run["c_err"])  # vs single-process c, every step
+        assert run["c_plain"]
+        assert run["momentum_is_dtensor"] == ("/fsdp/" in key)
+    # calibration constants: bit-identical on every rank, every step
+    assert ranks[0]["c"] == ranks[1]["c"]
+    if "/orscale_lm/" in key or "decoupled" in key:
+        assert all(c == 0 for c in ranks[0]["c"][0])  # lr = 0 at step 0: not calibrated
+        assert all(c > 0 for c in ranks[0]["c"][1])
+        assert ranks[0]["c"][1] == ranks[0]["c"][-1]  # set once, never recomputed
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("key", RUNS)
+def test_newton_schulz_once_per_matrix(worker: list[dict], key: str) -> None:
+    ranks = [w["runs"][key] for w in worker]
+    active = ranks[0]["n_active"]  # matrices with a gradient at each step (one dropped once)
+    assert len(active) == len(LRS) and min(active) < ranks[0]["n_matrices"]
+    if key.endswith("/replicate"):
+        assert all(r["ns_calls"] == active for r in ranks)
+        return
+    per_step = [sum(r["ns_calls"][t] for r in ranks) for t in range(len(active))]
+    assert per_step == active  # each matrix exactly once across the ranks
+    assert all(0 < r["ns_calls"][0] < active[0] for r in ranks)  # both ranks do some
+    assert ranks[0]["owners"] == ranks[1]["owners"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_collectives_are_bucketed(worker: list[dict]) -> None:
+    runs = worker[0]["runs"]
+    for key in RUNS:
+        n = runs[key]["collectives"][-1]
+        if key.endswith("fsdp/owner"):
+            assert n == 3  # all_to_all there and back + one all_reduce of the norms
+        elif key.endswith("fsdp/replicate"):
+            assert n == 2  # one all_gather + one all_reduce
+        elif key.endswith("ddp/owner"):
+            assert n == 1  # one all_gather of the owners' Qs
+        elif key.endswith("ddp/replicate"):
+            assert n == 0  # every rank runs every NS: the single-process step
+        else:
+            assert n > 3  # owner_bucketed: a small bucket cap gives several buckets
+    gpt = runs["gpt/orscale_lm/fsdp/owner"]
+    matrix_bytes = 4 * sum(m * n for m, n in [(192, 64), (64, 64), (256, 64), (64, 256)]) * 2
+    assert sum(w["runs"]["gpt/orscale_lm/fsdp/owner"]["bytes_sent"][-1] for w in worker) <= 2 * matrix_bytes
+    assert gpt["bytes_sent"][0] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["toy", "gpt"])
+def test_dcp_roundtrip_of_sharded_state(worker: list[dict], kind: str) -> None:
+    # momentum (DTensor shards, incl. an empty one) and c (0-d fp32) equal after save → load;
+    # the next step is bit-identical; the files also load into one unsharded process.
+    for r, w in enumerate(worker):
+        bad = [k for k, ok in w["dcp"][kind].items() if not ok]
+        assert not bad, (r, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["fsdp", "ddp"])
+def test_real_backward_matches(worker: list[dict], backend: str) -> None:
+    # Gradients from half batches averaged by FSDP2 / DDP vs the whole batch in one process:
+    # equal only up to reduction order (~1e-7), which NS and AdamW's g/√v amplify (a gradient
+    # entry that cancels to ~0 can flip sign), so a looser bound than the synthetic runs.
+    for w in worker:
+        assert w["real"][backend]["matrix"] <= 1e-4
+        assert w["real"][backend]["adamw"] <= 1e-4
+
+
+# ----------------------------------------------------------------------------- in-process
+def test_row_split_matches_dtensor_layout() -> None:
+    assert row_split(5, 2) == ((3, 2), (0, 3))
+    assert row_split(1, 2) == ((1, 0), (0, 1))
+    assert row_split(6, 4) == ((2, 2, 2, 0), (0, 2, 4, 6))
+    assert row_split(10, 4) == ((3, 3, 3, 1), (0, 3, 6, 9))
+    assert row_split(8, 1) == ((8,), (0,))
+
+
+def test_assign_owners_balances_ns_cost() -> None:
+    shapes = [(384, 128), (128, 128), (512, 128), (128, 512)] * 4  # the tiny GPT's matrices
+    owners = assign_owners(shapes, 2)
+    assert owners == assign_owners(shapes, 2)  # deterministic
+    load = [sum(ns_cost(s) for s, o in zip(shapes, owners, strict=True) if o == r) for r in range(2)]
+    assert max(load) / min(load) <= 1.1
+    assert assign_owners(shapes, 1) == [0] * len(shapes)
+    assert sorted(set(assign_owners([(4, 4)] * 3, 8))) == [0, 1, 2]
+
+
+def test_make_buckets() -> None:
+    assert make_buckets([5, 5, 5], 100) == [[0, 1, 2]]
+    assert make_buckets([5, 5, 5], 10) == [[0, 1], [2]]
+    assert make_buckets([50, 5, 60], 10) == [[0], [1], [2]]  # oversized matrices go alone
+    assert make_buckets([], 10) == []
+
+
+def _named(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (f"blocks.{i}.w", nn.Parameter(torch.randn(s, generator=gen))) for i, s in enumerate([(5, 7), (1, 8), (5, 7)])
+    ]
+
+
+def test_replicated_without_process_group_is_the_plain_step() -> None:
+    a, b = _named(), _named()
+    oa = MuonFamily(a, lr=0.02, variant="orscale_lm", ns_dtype="fp32")
+    ob = ReplicatedMuonFamily(b, lr=0.02, variant="orscale_lm", ns_dtype="fp32")
+    for t in range(3):
+        gen = torch.Generator().manual_seed(t)
+        for (_, p), (_, q) in zip(a, b, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        oa.step()
+        ob.step()
+    assert all(torch.equal(p, q) for (_, p), (_, q) in zip(a, b, strict=True))
+    assert oa.ns_calls == ob.ns_calls == 3 and ob.bytes_sent == 0
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="DTensor"):
+        ShardedMuonFamily(_named(), lr=0.02)
+    with pytest.raises(ValueError, match="mode"):
+        ReplicatedMuonFamily(_named(), lr=0.02, mode="everywhere")
+    model = nn.Module()
+    model.blocks = nn.ModuleList([nn.Linear(4, 4, bias=False)])
+    with pytest.raises(ConfigError, match="muon_mode"):
+        build_optimizers(model, OptimConfig(name="orscale_lm"), backend="ddp", mode="x")
+    with pytest.raises(ConfigError, match="backend"):
+        build_optimizers(model, OptimConfig(name="orscale_lm"), backend="tp")
+    opts = build_optimizers(model, OptimConfig(name="orscale_lm"), backend="ddp")
+    assert type(opts[0]) is ReplicatedMuonFamily
+    assert type(build_optimizers(model, OptimConfig(name="orscale_lm"))[0]) is MuonFamily
