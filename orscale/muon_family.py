@@ -31,6 +31,7 @@ from typing import Any, overload
 import torch
 from torch import Tensor
 
+from orscale.calibration import calibrate, ratio_terms, trust_ratio
 from orscale.diagnostics import DiagnosticsMixin
 from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
@@ -358,22 +359,10 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 s, inv = s[w.index], inv[w.index]
             norms = sq.clamp_min(0).sqrt()
             w_n, g_n, mh_n, q_n, d_n = (norms[:, i] for i in (COL_W, COL_G, COL_MHAT, COL_Q, COL_D))
-
-            num, den = w_n, None
-            if v.denominator == "update":
-                den = d_n
-            elif v.denominator == "q":
-                den = s * q_n
-            elif v.denominator == "momentum":
-                den = mh_n
-            elif v.denominator == "rms_ratio":
-                num, den = w_n * inv, mh_n * inv
-            c_eff, c_diag = self._calibration(w, v, num, den, g_n, w_n, s, lr, eps)
-            if den is None:
-                r_raw = r = torch.ones_like(w_n)
-            else:
-                r_raw = num / (c_eff * den + eps)
-                r = r_raw.clamp(r_min, r_max)
+            num, den = ratio_terms(v.denominator, w_n, mh_n, q_n, d_n, s, inv)
+            c_states = [self.state[p]["c"] for p in w.params] if v.calibration == "lazy" else None
+            c_eff, c_diag = calibrate(c_states, num, den, g_n, w_n, s, lr, eps)
+            r_raw, r = trust_ratio(num, den, c_eff, eps, r_min, r_max)
 
             if lr > 0:  # lr is a host float: an lr = 0 step leaves the weights untouched
                 if v.decay == "coupled":
@@ -402,30 +391,3 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         ratio = torch.where(w_n > 0, upd / w_n.clamp_min(1e-30), torch.zeros_like(upd))
         clip = None if v.denominator == "none" else (g["r_min"], g["r_max"])
         self.record_step(w.group_index, w.names, w.index, [r_raw, r, w_n, q_n, ratio, c], clip)
-
-    def _calibration(
-        self,
-        w: GroupWork,
-        v: Variant,
-        num: Tensor,
-        den: Tensor | None,
-        g_n: Tensor,
-        w_n: Tensor,
-        s: Tensor,
-        lr: float,
-        eps: float,
-    ) -> tuple[Tensor, Tensor]:
-        """(c used in the ratio, c for diagnostics). Lazy: set once, where still 0 and the step
-        has lr > 0, ‖G‖ > 0 and ‖W‖ > 0, to num₀/den₀ (= ‖W₀‖/‖D₀‖), or s if either is < ε."""
-        if v.calibration == "none" or den is None:
-            ones = torch.ones_like(w_n)
-            return ones, ones
-        states = [self.state[p]["c"] for p in w.params]
-        c = torch.stack(states)
-        if lr > 0:
-            fresh = (c == 0) & (g_n > 0) & (w_n > 0)
-            value = torch.where((num >= eps) & (den >= eps), num / den, s)
-            c = torch.where(fresh, value, c)
-            torch._foreach_copy_(states, list(c.unbind(0)))
-        # Not calibrated yet (no usable step so far): divide by the fallback s rather than by 0.
-        return torch.where(c > 0, c, s), c

@@ -131,7 +131,7 @@ def test_accelerate_launch_runs_fsdp_on_two_cpu_processes(tmp_path):
         "-m",
         "accelerate.commands.launch",
         "--config_file",
-        str(ROOT / "launch/configs/accelerate_fsdp.yaml"),
+        str(ROOT / "configs/accelerate/fsdp.yaml"),
         "--num_processes",
         "2",
         "--mixed_precision",

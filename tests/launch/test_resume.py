@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import checkpoint as ckpt
+from launch.checkpoint import checkpointer as ckpt
+from launch.checkpoint.dcp_state import ModelAndOptimizers
 from tests.helpers import ROOT, env, metrics, run_train, train_cmd, train_losses
 
 pytestmark = pytest.mark.slow
@@ -303,7 +304,7 @@ def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):
     opt = torch.optim.AdamW(model.parameters())
     env1 = DistEnv(0, 1, 0, torch.device("cpu"), "none")
     root = tmp_path / "checkpoints"
-    checkpointer = ckpt.Checkpointer(root, env1, sharded=[ckpt.ModelAndOptimizers(model, [opt])], per_rank={})
+    checkpointer = ckpt.Checkpointer(root, env1, sharded=[ModelAndOptimizers(model, [opt])], per_rank={})
     good = checkpointer.save(1, {"note": "ok"})
 
     def crash(*args, **kwargs):

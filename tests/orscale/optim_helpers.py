@@ -36,3 +36,55 @@ def run(opt: torch.optim.Optimizer, params: list[nn.Parameter], grads) -> list[l
 def assert_close_lists(a, b, rtol=2e-5, atol=1e-6):
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x.double(), y.double(), rtol=rtol, atol=atol)
+
+
+# ---- the Muon family's tests
+def tiny_gpt(dtype: torch.dtype = torch.float32) -> nn.Module:
+    from models.gpt import GPT
+    from models.presets import get_preset
+
+    torch.manual_seed(0)
+    cfg = get_preset("tiny", vocab_size=256, max_seq_len=32)
+    return GPT(cfg).to(dtype)
+
+
+def backward(model: nn.Module, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, model.cfg.vocab_size, (2, 16), generator=gen)
+    model.zero_grad(set_to_none=True)
+    logits = model(idx)  # the model's contract: idx [B, T] -> logits [B, T, V]
+    targets = torch.roll(idx, -1, 1).flatten()
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets)
+    loss.backward()
+
+
+def matrices(shapes=((24, 8), (8, 24), (24, 8), (16, 16)), seed: int = 0) -> list[tuple[str, nn.Parameter]]:
+    gen = torch.Generator().manual_seed(seed)
+    names = [
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.mlp.down.weight",
+        "blocks.1.attn.qkv.weight",
+        "blocks.0.attn.out.weight",
+    ]
+    return [(n, nn.Parameter(0.02 * torch.randn(s, generator=gen))) for n, s in zip(names, shapes, strict=True)]
+
+
+def set_grads(named, scale: float, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _, p in named:
+        p.grad = scale * torch.randn(p.shape, generator=gen).to(p.dtype)
+
+
+class Wrap(nn.Module):
+    """A module exposing given (name, param) pairs under their dotted names."""
+
+    def __init__(self, named):
+        super().__init__()
+        for n, p in named:
+            mod = self
+            *path, leaf = n.split(".")
+            for part in path:
+                if not hasattr(mod, part):
+                    mod.add_module(part, nn.Module())
+                mod = getattr(mod, part)
+            mod.register_parameter(leaf, p)
