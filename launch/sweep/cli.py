@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 
-from launch.sweep.jobs import cell_state, run_local, submit, train_argv
-from launch.sweep.spec import ROOT, Cell, SpecError, load_sweep
+from launch.sweep.jobs import cell_state, run_local, start_cell, submit, train_argv
+from launch.sweep.plan import Plan, plan, write_plan
+from launch.sweep.spec import ROOT, Cell, SpecError, Sweep, load_sweep
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,6 +36,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help="processes (GPUs) per node for each cell; local default 1, Slurm default slurm.gpus_per_node or 8",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="local cells run at once, each as its own process with cpu_count/jobs threads (default 1: one "
+        "after another, in this process where it can)",
     )
     p.add_argument(
         "--only", default=None, help="run the cells whose id (scale/optim/lrX-seedY) matches this glob (or contains it)"
@@ -57,14 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.sweep)
         if args.nproc is not None and args.nproc < 1:
             raise SpecError(f"--nproc must be >= 1, got {args.nproc}")
+        if args.jobs < 1:
+            raise SpecError(f"--jobs must be >= 1, got {args.jobs}")
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    cells = select(sweep.cells, args.only)
-    if not cells:
-        print(f"error: no cell matches --only {args.only!r} (cells look like {sweep.cells[0].id})", file=sys.stderr)
-        return 2
     nproc = args.nproc or (int(sweep.slurm.get("gpus_per_node", 8)) if args.submit else 1)
+    current = plan(sweep, cell_state)
+    cells = select(current.cells, args.only)
+    if not cells:
+        example = current.cells[0].id if current.cells else "scale/optim/lrX-seedY"
+        print(f"error: no cell matches --only {args.only!r} (cells look like {example})", file=sys.stderr)
+        return 2
     states = {c.id: cell_state(c) for c in cells}
     todo = [c for c in cells if not states[c.id][0]]
     print(
@@ -74,40 +88,95 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[tuple[Cell, str, str]] = [
         (c, "skipped", _fmt_loss(states[c.id][1]) + " (finished)") for c in cells if states[c.id][0]
     ]
-    if args.submit:
-        results = submit(todo, sweep, nproc, args.dry_run)
-        summary += results
-        if not args.dry_run and shutil.which("sbatch") is None and todo:
-            _print_summary(summary, cells)
+    if args.submit or args.dry_run:
+        if args.submit:
+            summary += submit(todo, sweep, nproc, args.dry_run)
+        else:
+            print(f"# run from {ROOT}")
+            for c in todo:
+                print(shlex.join(train_argv(c, nproc)))
+            summary += [(c, "dry-run", "would run") for c in todo]
+        if not args.dry_run:
+            write_plan(sweep, current)
+        _print_waiting(current)
+        _print_summary(summary, cells)
+        if args.submit and not args.dry_run and shutil.which("sbatch") is None and todo:
             print(
                 f"error: sbatch not found on PATH; job scripts written under {sweep.runs_dir / 'slurm'} "
                 "(submit them with the commands above)",
                 file=sys.stderr,
             )
             return 1
-    elif args.dry_run:
-        print(f"# run from {ROOT}")
-        for c in todo:
-            print(shlex.join(train_argv(c, nproc)))
-        summary += [(c, "dry-run", "would run") for c in todo]
-    else:
-        for i, c in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {c.id}: {shlex.join(train_argv(c, nproc))}", flush=True)
-            t0 = time.perf_counter()
-            rc = run_local(c, nproc)
-            finished, val = cell_state(c)
-            took = f"{time.perf_counter() - t0:.1f} s"
-            if rc == 0 and finished:
-                summary.append((c, "done", f"{_fmt_loss(val)} ({took})"))
-            elif rc == 0:  # train.py saved and exited on SIGINT/SIGTERM: the user wants to stop
-                summary.append((c, "stopped", f"checkpointed; re-run the sweep to continue ({took})"))
-                print("a cell stopped on a signal: ending the sweep here", file=sys.stderr)
-                summary += [(rest, "not run", "") for rest in todo[i:]]
-                break
+        return 0
+    stopped = _run_all(sweep, args, nproc, summary)
+    _print_waiting(plan(sweep, cell_state))
+    _print_summary(summary, select(plan(sweep, cell_state).cells, args.only))
+    return 1 if stopped or any(state.startswith(("failed", "stopped")) for _, state, _ in summary) else 0
+
+
+def _run_all(sweep: Sweep, args: argparse.Namespace, nproc: int, summary: list[tuple[Cell, str, str]]) -> bool:
+    """Run cells until the plan has none left to run (an LR search adds cells as its runs finish);
+    each cell is tried once per invocation. Returns True when a cell stopped on a signal."""
+    tried: set[str] = {c.id for c, _, _ in summary}
+    running: dict[str, tuple[Cell, subprocess.Popen, float]] = {}
+    n = 0
+    while True:
+        current = plan(sweep, cell_state)
+        write_plan(sweep, current)
+        todo = [c for c in select(current.cells, args.only) if c.id not in tried and not cell_state(c)[0]]
+        if not todo and not running:
+            return False
+        while todo and len(running) < args.jobs:
+            c = todo.pop(0)
+            tried.add(c.id)
+            n += 1
+            print(f"[{n}] {c.id}: {shlex.join(train_argv(c, nproc))}", flush=True)
+            if args.jobs == 1:
+                t0 = time.perf_counter()
+                if _record(summary, c, run_local(c, nproc), time.perf_counter() - t0):
+                    return True
             else:
-                summary.append((c, f"failed rc={rc}", f"{_fmt_loss(val)} ({took})"))
-    _print_summary(summary, cells)
-    return 1 if any(state.startswith(("failed", "stopped")) for _, state, _ in summary) else 0
+                running[c.id] = (
+                    c,
+                    start_cell(c, nproc, threads=max(1, (os.cpu_count() or 1) // args.jobs)),
+                    time.perf_counter(),
+                )
+        if running:
+            done = _wait_any(running)
+            c, proc, t0 = running.pop(done)
+            if _record(summary, c, proc.returncode, time.perf_counter() - t0):
+                for other, p, _ in running.values():  # a signal: let the others checkpoint too
+                    p.wait()
+                    summary.append((other, "stopped", "checkpointed; re-run the sweep to continue"))
+                return True
+
+
+def _wait_any(running: dict[str, tuple[Cell, subprocess.Popen, float]]) -> str:
+    while True:
+        for cid, (_, proc, _) in running.items():
+            if proc.poll() is not None:
+                return cid
+        time.sleep(0.5)
+
+
+def _record(summary: list[tuple[Cell, str, str]], c: Cell, rc: int, seconds: float) -> bool:
+    """Add a finished attempt to the summary; True when the cell stopped on a signal (end the sweep)."""
+    finished, val = cell_state(c)
+    took = f"{seconds:.1f} s"
+    if rc == 0 and finished:
+        summary.append((c, "done", f"{_fmt_loss(val)} ({took})"))
+    elif rc == 0:  # train.py saved and exited on SIGINT/SIGTERM: the user wants to stop
+        summary.append((c, "stopped", f"checkpointed; re-run the sweep to continue ({took})"))
+        print("a cell stopped on a signal: ending the sweep here", file=sys.stderr)
+        return True
+    else:
+        summary.append((c, f"failed rc={rc}", f"{_fmt_loss(val)} ({took})"))
+    return False
+
+
+def _print_waiting(current: Plan) -> None:
+    for line in current.waiting:
+        print(f"  waiting: {line}")
 
 
 def _print_summary(summary: list[tuple[Cell, str, str]], cells: list[Cell]) -> None:

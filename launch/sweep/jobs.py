@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 from launch.run.records import read_run
+from launch.sweep.slurm import Job, render
 from launch.sweep.spec import ROOT, Cell, Sweep
-
-RECIPE = ROOT / "launch" / "scripts" / "slurm.sbatch"
 
 
 def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:
@@ -65,32 +64,35 @@ def run_local(cell: Cell, nproc: int) -> int:
     return subprocess.run([*argv, *extra], cwd=ROOT, env=env).returncode
 
 
+def start_cell(cell: Cell, nproc: int, threads: int) -> subprocess.Popen:
+    """Start a cell as a process of its own (the sweep's --jobs), its output to <run dir>/sweep.out."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(cell.run_dir / "sweep.out", "ab")  # the child keeps its own copy of the descriptor
+    try:
+        return subprocess.Popen(train_argv(cell, nproc), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
 def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:
-    """A job script for one cell: its #SBATCH options and environment (the Python this sweep runs
-    on), then the project's recipe (`launch/scripts/slurm.sbatch`: srun, launcher, rendezvous)."""
+    """The job script of one cell: its #SBATCH options, the environment this sweep runs in, and the
+    project's one recipe (`launch/sweep/slurm.py`)."""
     s = sweep.slurm
-    nodes = int(s.get("nodes", 1))
-    head = [
-        "#!/usr/bin/env bash",
-        f"# sweep {sweep.path} cell {cell.id} (written by python -m launch.sweep --submit)",
-        f"#SBATCH --job-name={cell.id.replace('/', '.')}",
-        f"#SBATCH --output={log_dir}/%x-%j.out",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={nproc}",
-        f"#SBATCH --cpus-per-task={int(s.get('cpus_per_task', 8 * nproc))}",
-        "#SBATCH --signal=TERM@120          # train.py checkpoints on SIGTERM and exits 0",
-        "#SBATCH --requeue                  # a requeued job resumes from its run dir",
-    ]
-    head += [f"#SBATCH --{k}={s[k]}" for k in ("time", "partition", "account") if s.get(k)]
-    head += [f"#SBATCH {x}" for x in s.get("extra", [])]
-    args = " ".join(shlex.quote(a) for a in [cell.base, *cell.overrides])
-    env = [
-        f"export ORSCALE_VENV={shlex.quote(sys.prefix)}   # the environment this sweep was written from",
-        f"export ORSCALE_ROOT={shlex.quote(str(ROOT))}",
-        f"export GPUS_PER_NODE={nproc}",
-    ]
-    return "\n".join([*head, "set -euo pipefail", *env, f"exec bash {shlex.quote(str(RECIPE))} {args}", ""])
+    job = Job(
+        job_name=cell.id.replace("/", "."),
+        nodes=str(int(s.get("nodes", 1))),
+        gpus_per_node=nproc,
+        nproc=str(nproc),
+        cpus_per_task=int(s.get("cpus_per_task", 8 * nproc)),
+        command=["--config", cell.base, *cell.overrides],
+        venv=sys.prefix,
+        output=f"{log_dir}/%x-%j.out",
+        sbatch=[f"--{k}={s[k]}" for k in ("time", "partition", "account") if s.get(k)] + list(s.get("extra", [])),
+        comment=f"sweep {sweep.path} cell {cell.id} (written by python -m launch.sweep --submit)",
+    )
+    return render(job)
 
 
 def submit(cells: list[Cell], sweep: Sweep, nproc: int, dry_run: bool) -> list[tuple[Cell, str, str]]:

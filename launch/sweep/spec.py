@@ -11,11 +11,20 @@
       orscale_lm: null
     lrs: [1e-3, 3e-3]                  # default grid
     seeds: [0, 1]
+    lr_search: {seed: 0, max_extra: 2} # optional: tune the LR on one seed, then run `seeds` at the best
     slurm: {gpus_per_node: 8, nodes: 1, time: "48:00:00", partition: gpu, extra: ["--qos=high"]}
 
 A cell's learning rates: the scale's `lrs` for that optimizer (a scale's `lrs` may be a list, or a
 mapping optimizer -> list), else the optimizer's own list, else the scale's plain list, else the
-default grid. Every problem raises SpecError with one line naming the key.
+default grid.
+
+Without `lr_search` every LR runs with every seed. With it, each (scale, optimizer) first runs its
+grid with `lr_search.seed` only; when the best final validation loss lies at an edge of the grid,
+one more LR beyond that edge is added (`factor` times the edge LR, default the grid's own ratio), up
+to `max_extra` times per edge; then `seeds` run at the best LR (`launch/sweep/plan.py`). A scale with
+`lr_from: <label>` runs no search: its cells are `seeds` at the best LR found for the same optimizer
+at scale <label> (another token budget of a searched scale, say). Every problem raises SpecError
+with one line naming the key.
 """
 
 from __future__ import annotations
@@ -33,7 +42,19 @@ from launch.nested import dotted_get, load_yaml
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "train.seed")  # owned by the grid
-TOP_KEYS = ("base", "runs_dir", "overrides", "scales", "optimizers", "lrs", "seeds", "slurm", "description")
+TOP_KEYS = (
+    "base",
+    "runs_dir",
+    "overrides",
+    "scales",
+    "optimizers",
+    "lrs",
+    "seeds",
+    "slurm",
+    "description",
+    "lr_search",
+)
+SEARCH_KEYS = ("seed", "max_extra", "factor")
 SLURM_KEYS = ("gpus_per_node", "nodes", "cpus_per_task", "time", "partition", "account", "extra")
 
 
@@ -66,12 +87,53 @@ class Cell:
         )
 
 
+@dataclass(frozen=True)
+class LrSearch:
+    """`lr_search`: tune on `seed`, extend an edge optimum by `factor` up to `max_extra` times."""
+
+    seed: int
+    max_extra: int = 2
+    factor: float | None = None  # None: the grid's own ratio between neighbours (2 when it has one LR)
+
+
+@dataclass
+class Group:
+    """One (scale, optimizer) of a sweep: its LR grid, or the scale whose best LR it takes."""
+
+    scale: str
+    optim: str  # label
+    base: str
+    overrides: list[str]  # common, scale and optimizer overrides plus optim.name (no axes)
+    lrs: list[float]
+    lr_from: str | None  # a scale label
+    runs_dir: Path
+
+    @property
+    def id(self) -> str:
+        return f"{self.scale}/{self.optim}"
+
+    def cell(self, lr: float, seed: int) -> Cell:
+        run_dir = self.runs_dir / self.scale / self.optim / f"{lr_tag(lr)}-seed{seed}"
+        axes = [f"optim.lr={lr!r}", f"train.seed={seed}", f"run.dir={run_dir}"]
+        return Cell(self.scale, self.optim, lr, seed, self.base, [*self.overrides, *axes], run_dir)
+
+
 @dataclass
 class Sweep:
     path: Path
     runs_dir: Path
-    cells: list[Cell] = field(default_factory=list)
+    groups: list[Group] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    search: LrSearch | None = None
     slurm: dict = field(default_factory=dict)
+
+    @property
+    def cells(self) -> list[Cell]:
+        """The cells known before anything runs: every LR x seed (no search), or the search grids."""
+        if self.search is None:
+            return [g.cell(lr, seed) for g in self.groups for lr in g.lrs for seed in self.seeds]
+        seed = self.search.seed
+        return [g.cell(lr, seed) for g in self.groups if g.lr_from is None for lr in g.lrs]
 
 
 def lr_tag(lr: float) -> str:
@@ -159,11 +221,19 @@ def _scales(raw: Any, base: str) -> list[dict]:
     for i, item in enumerate(raw):
         where = f"scales[{i}]"
         if isinstance(item, (str, int, float)) and not isinstance(item, bool):
-            out.append({"label": _label(item, where), "base": base, "lrs": None, "overrides": [f"model.preset={item}"]})
+            out.append(
+                {
+                    "label": _label(item, where),
+                    "base": base,
+                    "lrs": None,
+                    "lr_from": None,
+                    "overrides": [f"model.preset={item}"],
+                }
+            )
             continue
         if not isinstance(item, dict) or "label" not in item:
             _fail(f"{where} must be a preset name or a mapping with a 'label', got {item!r}")
-        rest = {k: v for k, v in item.items() if k not in ("label", "base", "lrs")}
+        rest = {k: v for k, v in item.items() if k not in ("label", "base", "lrs", "lr_from")}
         lrs = item.get("lrs")
         if isinstance(lrs, dict):
             lrs = {str(k): _lrs(v, f"{where}.lrs.{k}") for k, v in lrs.items()}
@@ -174,6 +244,7 @@ def _scales(raw: Any, base: str) -> list[dict]:
                 "label": _label(item["label"], f"{where}.label"),
                 "base": _base(item["base"], f"{where}.base") if "base" in item else base,
                 "lrs": lrs,
+                "lr_from": _label(item["lr_from"], f"{where}.lr_from") if item.get("lr_from") is not None else None,
                 "overrides": _overrides(rest, where),
             }
         )
@@ -250,9 +321,16 @@ def load_sweep(path: str | Path) -> Sweep:
     if bad:
         _fail(f"unknown slurm key '{bad[0]}' (valid: {', '.join(SLURM_KEYS)})")
 
-    sweep = Sweep(path=path, runs_dir=runs_dir, slurm=slurm)
-    seen: set[str] = set()
-    for scale in _scales(doc["scales"], base):
+    search = _search(doc.get("lr_search"))
+    sweep = Sweep(path=path, runs_dir=runs_dir, seeds=list(seeds), search=search, slurm=slurm)
+    scales = _scales(doc["scales"], base)
+    labels = {sc["label"] for sc in scales}
+    for scale in scales:
+        if scale["lr_from"] is not None:
+            if search is None:
+                _fail(f"scale '{scale['label']}': lr_from needs lr_search (the best LR comes from a search)")
+            if scale["lr_from"] not in labels or scale["lr_from"] == scale["label"]:
+                _fail(f"scale '{scale['label']}': lr_from names '{scale['lr_from']}', not another scale of this sweep")
         for opt in _optimizers(doc["optimizers"]):
             s_lrs = scale["lrs"]
             lrs = (
@@ -261,26 +339,34 @@ def load_sweep(path: str | Path) -> Sweep:
                 or (s_lrs if isinstance(s_lrs, list) else None)
                 or default_lrs
             )
-            if not lrs:
+            if not lrs and scale["lr_from"] is None:
                 _fail(
                     f"no learning rates for optimizer '{opt['label']}' at scale '{scale['label']}': "
                     "give 'lrs' (top level, per optimizer or per scale)"
                 )
-            for lr in lrs:
-                for seed in seeds:
-                    run_dir = runs_dir / scale["label"] / opt["label"] / f"{lr_tag(lr)}-seed{seed}"
-                    overrides = [
-                        *common,
-                        *scale["overrides"],
-                        *opt["overrides"],
-                        f"optim.name={opt['name']}",
-                        f"optim.lr={lr!r}",
-                        f"train.seed={seed}",
-                        f"run.dir={run_dir}",
-                    ]
-                    cell = Cell(scale["label"], opt["label"], lr, seed, scale["base"], overrides, run_dir)
-                    if cell.id in seen:
-                        _fail(f"two cells share the directory {cell.id} (duplicate label or learning rate)")
-                    seen.add(cell.id)
-                    sweep.cells.append(cell)
+            overrides = [*common, *scale["overrides"], *opt["overrides"], f"optim.name={opt['name']}"]
+            group = Group(
+                scale["label"], opt["label"], scale["base"], overrides, list(lrs or []), scale["lr_from"], runs_dir
+            )
+            if len(set(group.lrs)) != len(group.lrs) or any(g.id == group.id for g in sweep.groups):
+                _fail(f"two cells share a directory under {group.id} (duplicate label or learning rate)")
+            sweep.groups.append(group)
     return sweep
+
+
+def _search(raw: Any) -> LrSearch | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "seed" not in raw:
+        _fail(f"'lr_search' must be a mapping with a 'seed' (and optional max_extra, factor), got {raw!r}")
+    bad = sorted(set(map(str, raw)) - set(SEARCH_KEYS))
+    if bad:
+        _fail(f"unknown lr_search key '{bad[0]}' (valid: {', '.join(SEARCH_KEYS)})")
+    seed, extra, factor = raw["seed"], raw.get("max_extra", 2), raw.get("factor")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        _fail(f"lr_search.seed must be an integer, got {seed!r}")
+    if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
+        _fail(f"lr_search.max_extra must be an integer >= 0, got {extra!r}")
+    if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
+        _fail(f"lr_search.factor must be a number > 1, got {factor!r}")
+    return LrSearch(seed, extra, float(factor) if factor is not None else None)
