@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from models.centered_linear import CenteredLinear
+from models.fused_loss import chunked_token_losses, fused_linear_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,11 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.up = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
-        self.down = (CenteredLinear(4 * cfg.d_model, cfg.d_model) if cfg.center_mlp
-                     else nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False))
+        self.down = (
+            CenteredLinear(4 * cfg.d_model, cfg.d_model)
+            if cfg.center_mlp
+            else nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.relu(self.up(x)).square())
@@ -126,11 +129,13 @@ def tensor_seed(seed: int, name: str) -> int:
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, seed: Optional[int] = None) -> None:
+    def __init__(self, cfg: GPTConfig, seed: int | None = None) -> None:
         """`seed`: the initialisation seed (None: drawn from torch's global generator, so
         `torch.manual_seed` still decides it). Nothing is initialised when built on meta."""
         super().__init__()
         self.cfg = cfg
+        self.rope_cos: torch.Tensor  # buffers, declared for the type checker
+        self.rope_sin: torch.Tensor
         # Build on meta, then materialise: construction consumes no RNG, so `init_weights` alone
         # decides the weights, whether the model is built directly or on meta and sharded first.
         target = torch.get_default_device()
@@ -145,14 +150,15 @@ class GPT(nn.Module):
             self.to_empty(device=target)
             self.init_weights(seed)
 
-    def init_value(self, name: str, seed: int) -> torch.Tensor:
+    def init_value(self, name: str, seed: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """The initial value (fp32, CPU, whole) of parameter or buffer `name` (this model's own
         names): N(0, 0.02); residual output projections N(0, 0.02/√(2L)); norm gains 1; biases
-        and input means 0. Drawn from a generator of its own, so it depends on (seed, name) only."""
-        tensor = dict(self.named_parameters()).get(name)
-        if tensor is None:
-            tensor = dict(self.named_buffers())[name]
-        shape = tuple(tensor.shape)
+        and input means 0. Drawn from a generator of its own, so it depends on (seed, name) only.
+        `shape`: the tensor's shape, for a caller whose module tree wraps this model's (activation
+        checkpointing renames the parameters); looked up by `name` when not given."""
+        if shape is None:
+            tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
+            shape = tuple(tensors[name].shape)
         leaf = name.rsplit(".", 1)[-1]
         if name.endswith("norm.weight"):
             return torch.ones(shape)
@@ -164,7 +170,7 @@ class GPT(nn.Module):
         return torch.empty(shape).normal_(0.0, std, generator=gen)
 
     @torch.no_grad()
-    def init_weights(self, seed: Optional[int] = None) -> None:
+    def init_weights(self, seed: int | None = None) -> None:
         """Every parameter from `init_value`, then the derived buffers. Callable again after
         `to_empty()`; sharded parameters are filled shard by shard from outside (launch/)."""
         if seed is None:
@@ -176,8 +182,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_buffers(self) -> None:
         """RoPE tables and the centred layers' input means (no randomness)."""
-        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_base,
-                               device=self.rope_cos.device)
+        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_base, device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
         for module in self.modules():
@@ -186,9 +191,13 @@ class GPT(nn.Module):
                 module._sum.zero_()
                 module._rows.zero_()
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, per_token: bool = False
+    ) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab]; with `targets` [B, T], the mean
-        cross-entropy instead (through forward, so DDP/FSDP hooks see the call)."""
+        cross-entropy over targets != -100 instead (through forward, so DDP/FSDP hooks see the
+        call), computed chunk by chunk without the full logits (`models/fused_loss.py`).
+        `per_token`: the [B, T] fp32 losses without gradients instead; use `token_losses`."""
         T = idx.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len {self.cfg.max_seq_len}")
@@ -196,10 +205,19 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         for block in self.blocks:
             x = block(x, cos, sin)
-        logits = F.linear(self.final_norm(x), self.tok_emb.weight)  # tied LM head
+        h = self.final_norm(x)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            return F.linear(h, self.tok_emb.weight)  # tied LM head
+        if per_token:
+            return chunked_token_losses(h.flatten(0, 1), self.tok_emb.weight, targets.reshape(-1)).view_as(targets)
+        return fused_linear_cross_entropy(h.flatten(0, 1), self.tok_emb.weight, targets.reshape(-1))
+
+    @torch.no_grad()
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-token cross-entropy [B, T] fp32, no gradients, logits never all materialised; 0 where
+        the target is -100. A continuation's log-likelihood is minus the sum of its tokens' losses.
+        Goes through `forward` (via __call__) so FSDP's unshard hooks run."""
+        return self(idx, targets, per_token=True)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters (the tied embedding/head counted once); `non_embedding`: without it."""
