@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 from torch import Tensor
@@ -37,7 +36,7 @@ JORDAN_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 NS_COEFFICIENT_SETS: tuple[str, ...] = ("polar_express", "jordan")
 _NS_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
-DTypeLike = Union[str, torch.dtype]
+DTypeLike = str | torch.dtype
 
 
 def resolve_ns_dtype(dtype: DTypeLike) -> torch.dtype:
@@ -61,13 +60,11 @@ def ns_schedule(coefficients: str, steps: int) -> list[tuple[float, float, float
         raise ValueError(f"Newton–Schulz steps must be >= 1, got {steps}")
     if coefficients == "polar_express":
         last = POLAR_EXPRESS_COEFFS[-1]
-        return [POLAR_EXPRESS_COEFFS[i] if i < len(POLAR_EXPRESS_COEFFS) else last
-                for i in range(steps)]
+        return [POLAR_EXPRESS_COEFFS[i] if i < len(POLAR_EXPRESS_COEFFS) else last for i in range(steps)]
     if coefficients == "jordan":
         return [JORDAN_COEFFS] * steps
     raise ValueError(
-        f"Newton–Schulz coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}; "
-        f"got {coefficients!r}"
+        f"Newton–Schulz coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}; got {coefficients!r}"
     )
 
 
@@ -92,21 +89,29 @@ def newton_schulz(
     transposed = X.size(-2) > X.size(-1)
     if transposed:
         X = X.mT  # wide orientation: the Gram matrix A is min(m,n)²
+    X = _iterate(_normalise(X, coefficients, work_dtype).contiguous(), schedule)
+    if transposed:
+        X = X.mT
+    return X if M.ndim == 3 else X.squeeze(0)
+
+
+def _normalise(X: Tensor, coefficients: str, work_dtype: torch.dtype) -> Tensor:
+    """X₀ = X / (scale·‖X‖_F + ε) per matrix of the batch X, cast to the work dtype (X's strides kept)."""
     norm = torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True)
     if coefficients == "polar_express":
         X = X.float() / (1.02 * norm + 1e-6)
     else:
         X = X.float() / (norm + 1e-7)
-    X = X.to(work_dtype).contiguous()
+    return X.to(work_dtype)
 
+
+def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
+    """The quintic iterations on a contiguous batch [k, m, n] with m <= n."""
     for a, b, c in schedule:
         A = torch.bmm(X, X.mT)
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b·A + c·A²
         X = torch.baddbmm(X, B, X, beta=a)  # a·X + B·X
-
-    if transposed:
-        X = X.mT
-    return X if M.ndim == 3 else X.squeeze(0)
+    return X
 
 
 def newton_schulz_many(
@@ -115,21 +120,40 @@ def newton_schulz_many(
     coefficients: str = "polar_express",
     dtype: DTypeLike = "bf16",
 ) -> list[Tensor]:
-    """Orthogonalise a list of matrices, batching those of the same shape, dtype and device.
+    """Orthogonalise a list of 2-D matrices, batching those that iterate on the same shape.
 
-    One batched call per shape replaces many small ones: on a GPU that is fewer, larger
-    kernels; on a CPU it changes little. Results come back in input order; each is a view
-    into its bucket's output (no copies).
+    `newton_schulz` works on the wide orientation, so the bucket key is (min(m,n), max(m,n)),
+    dtype and device: an [m, n] and an [n, m] matrix (e.g. an MLP's up- and down-projection)
+    share one batched call, the tall ones transposed before stacking. One batched call per
+    bucket replaces many small ones: on a GPU that is fewer, larger kernels; on a CPU it changes
+    little. Each result equals `newton_schulz` of that matrix alone (bit for bit where batched
+    and single GEMMs round alike, as on the CPU this was tested on), comes back in input order
+    and in its input's shape, as a view into its bucket's output (transposed for tall inputs,
+    as `newton_schulz` returns them; no copies).
     """
+    schedule = ns_schedule(coefficients, steps)
+    work_dtype = resolve_ns_dtype(dtype)
     buckets: dict[tuple, list[int]] = defaultdict(list)
     for i, m in enumerate(matrices):
-        buckets[(tuple(m.shape), m.dtype, m.device)].append(i)
+        if m.ndim != 2:
+            raise ValueError(f"newton_schulz_many expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
+        buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
     out: list[Tensor] = [None] * len(matrices)  # type: ignore[list-item]
-    for idx in buckets.values():
+    for (rows, cols, _, device), idx in buckets.items():
         if len(idx) == 1:
             out[idx[0]] = newton_schulz(matrices[idx[0]], steps, coefficients, dtype)
             continue
-        stacked = newton_schulz(torch.stack([matrices[i] for i in idx]), steps, coefficients, dtype)
-        for i, q in zip(idx, stacked.unbind(0)):
-            out[i] = q
+        tall = [i for i in idx if matrices[i].size(0) > matrices[i].size(1)]
+        wide = [i for i in idx if matrices[i].size(0) <= matrices[i].size(1)]
+        # Each orientation is normalised as stored, then transposed into the shared buffer: the
+        # norm's summation order follows the memory layout, and this order is the one a
+        # single `newton_schulz` call uses, so every result stays bit-equal to it.
+        X = torch.empty(len(idx), rows, cols, dtype=work_dtype, device=device)
+        if wide:
+            X[: len(wide)] = _normalise(torch.stack([matrices[i] for i in wide]), coefficients, work_dtype)
+        if tall:
+            X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall]).mT, coefficients, work_dtype)
+        Q = _iterate(X, schedule)
+        for i, q in zip(wide + tall, Q.unbind(0), strict=True):
+            out[i] = q.mT if matrices[i].size(0) > matrices[i].size(1) else q
     return out
