@@ -17,7 +17,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = [ROOT / "assets/corpus/fineweb_edu_sample10BT_first150.jsonl", ROOT / "assets/corpus/fineweb_sample10BT_first300.jsonl"]
+CORPUS = [
+    ROOT / "assets/corpus/fineweb_edu_sample10BT_first150.jsonl",
+    ROOT / "assets/corpus/fineweb_sample10BT_first300.jsonl",
+]
 OUT = ROOT / "assets/tokenizers/bpe4k_ladder"
 HELD_OUT = 30  # documents at the start of the first file (the validation set comes from there)
 
@@ -34,8 +37,12 @@ def main() -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts(), trainer)
     OUT.mkdir(parents=True, exist_ok=True)
     tok.save(str(OUT / "tokenizer.json"))

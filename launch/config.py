@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from data.data_config import DataConfig
+from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted
 from models.presets import ModelConfig
@@ -32,6 +33,9 @@ from orscale.optim_config import OptimConfig
 BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
 DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+COMPILE: tuple[str, ...] = ("none", "blocks", "model")
+PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
+ON_SAVE_ERROR: tuple[str, ...] = ("stop", "continue")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -42,14 +46,12 @@ def _require(ok: bool, message: str) -> None:
 @dataclass
 class RunConfig:
     dir: str = "runs/tiny"
-    resume: str = "auto"  # auto | none | <path to a checkpoint>
+    resume: str = "auto"  # auto | none | restart (damaged checkpoints moved aside, never deleted) | <a checkpoint>
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
     keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted (0: keep all)
 
     def __post_init__(self) -> None:
-        _require(
-            self.resume in ("auto", "none") or bool(self.resume), "run.resume must be auto, none or a checkpoint path"
-        )
+        _require(bool(self.resume), "run.resume must be auto, none, restart or a checkpoint path")
         _require(
             self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}"
         )
@@ -73,6 +75,7 @@ class TrainConfig:
     spike_sigma: float = 6.0  # k
     tensorboard: bool = False  # mirror metrics.jsonl to <run.dir>/tensorboard (needs tensorboard)
     wandb: bool = False  # mirror metrics.jsonl to Weights & Biases in offline mode (needs wandb)
+    on_save_error: str = "stop"  # a checkpoint that cannot be written: stop (non-zero exit) | continue (retry later)
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")
@@ -85,6 +88,10 @@ class TrainConfig:
         _require(self.ckpt_every >= 0, f"train.ckpt_every must be >= 0, got {self.ckpt_every}")
         _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        _require(
+            self.on_save_error in ON_SAVE_ERROR,
+            f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
+        )
 
 
 @dataclass
@@ -92,10 +99,30 @@ class ParallelConfig:
     backend: str = "none"  # none | ddp | fsdp | zero1 | zero2
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
-    compile: bool = False  # torch.compile each block
+    compile: str | bool = "none"  # none | blocks (torch.compile each block) | model (whole model, head and loss)
+    # FSDP2: free each block's gathered params after its forward (true), keep them for backward
+    # (false: faster, more memory), or auto (false on one node, true across nodes).
+    reshard_after_forward: str | bool = "auto"
+    # FSDP2 param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
+    # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
+    param_dtype: str = "auto"
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
 
     def __post_init__(self) -> None:
+        # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
+        if isinstance(self.compile, bool):
+            self.compile = "blocks" if self.compile else "none"
+        if isinstance(self.reshard_after_forward, bool):
+            self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
+        _require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
+        _require(
+            self.reshard_after_forward in ("auto", "true", "false"),
+            f"parallel.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
+        )
+        _require(
+            self.param_dtype in PARAM_DTYPES,
+            f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
+        )
         _require(
             self.backend in BACKENDS, f"parallel.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
         )
@@ -112,6 +139,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -4,6 +4,8 @@ and exit status 2. Each package owns its own error class; this module only gathe
 from __future__ import annotations
 
 from data.errors import DataError
+from evals.eval_config import EvalConfigError
+from evals.task_data import EvalDataError
 from models.hf_mapping import ExportError
 from models.presets import ModelConfigError
 from orscale.optim_config import OptimConfigError
@@ -18,6 +20,14 @@ class ConfigError(UserError):
 
 
 # The launcher's own errors and those of the sections' owners.
-USER_ERRORS: tuple[type[ValueError], ...] = (UserError, DataError, ModelConfigError, OptimConfigError, ExportError)
+USER_ERRORS: tuple[type[ValueError], ...] = (
+    UserError,
+    DataError,
+    ModelConfigError,
+    OptimConfigError,
+    ExportError,
+    EvalConfigError,
+    EvalDataError,
+)
 # Raised by a section's own checks: while a config is being loaded they are config errors.
-SECTION_ERRORS: tuple[type[ValueError], ...] = (DataError, ModelConfigError, OptimConfigError)
+SECTION_ERRORS: tuple[type[ValueError], ...] = (DataError, ModelConfigError, OptimConfigError, EvalConfigError)

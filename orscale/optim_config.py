@@ -25,6 +25,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     exempt_norms_and_embeddings: bool = False  # AdamW: no decay on norm gains / embeddings
+    fused: str = "auto"  # AdamW's implementation: auto (fused on CUDA, foreach elsewhere) | fused | foreach
     momentum: float = 0.95
     nesterov: bool = True
     ns_steps: int = 5
@@ -75,6 +76,10 @@ class OptimConfig:
                 f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})",
             ),
             (self.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {self.ns_dtype!r}"),
+            (
+                self.fused in ("auto", "fused", "foreach"),
+                f"optim.fused must be auto, fused or foreach, got {self.fused!r}",
+            ),
             (self.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {self.ns_steps}"),
             (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),

@@ -52,7 +52,7 @@ def init_sharded(model: GPT, seed: int) -> None:
     from orscale.routing import canonical_name
 
     for name, p in model.named_parameters():
-        value = model.init_value(canonical_name(name), seed)
+        value = model.init_value(canonical_name(name), seed, tuple(p.shape))
         if isinstance(p, DTensor):  # src_data_rank=None: each rank cuts its shard of its own copy
             value = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None).to_local()
             p.to_local().copy_(value)
@@ -67,7 +67,7 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
 
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if parallel.compile:
+    if parallel.compile == "blocks":
         for block in model.blocks:
             block.compile()
     if parallel.backend == "fsdp":

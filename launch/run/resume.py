@@ -56,6 +56,9 @@ HARMLESS = (
     "config.data.encode_batch_docs",
     "config.data.val_batch_size",
     "config.data.prefetch_steps",
+    "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
+    "config.parallel.compile",
+    "config.parallel.reshard_after_forward",
 )
 
 
