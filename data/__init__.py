@@ -3,8 +3,8 @@ row groups, JSON Lines byte blocks, or pre-tokenised shards), per-shard streams 
 state, a loader that reads ahead, and the fixed validation set."""
 
 from data.data_config import DataConfig
+from data.data_errors import DataError
 from data.documents import Documents, TextDocuments, encode_documents, open_documents
-from data.errors import DataError
 from data.loader import PackedLoader, build_val_set
 from data.stream import build_catalog, iter_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data.errors import DataError
+from data.data_errors import DataError
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from data.data_config import DataConfig
-from data.errors import first_line
+from data.data_errors import first_line
 from data.notices import Notices
 from data.stream import Catalog, build_catalog, read_texts
 from data.tokenizer import TextTokenizer

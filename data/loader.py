@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from data.data_config import DataConfig
+from data.data_errors import DataError
 from data.documents import Documents
-from data.errors import DataError
 from data.notices import Notices
 from data.shard_stream import ShardStream
 

@@ -22,10 +22,10 @@ import numpy as np
 import yaml
 
 from data.data_config import DataConfig
+from data.data_errors import DataError
 from data.documents import TextDocuments
-from data.errors import DataError
 from data.stream import Catalog, CorpusFile, build_catalog
-from data.token_shards import FORMAT, MANIFEST, shard_names, token_dtype
+from data.token_shards import SHARDS_FORMAT, SHARDS_MANIFEST, shard_names, token_dtype
 from data.tokenizer import load_tokenizer
 
 
@@ -126,7 +126,7 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True)
     bar.close()
     files = [entries[k] for k in range(len(catalog.files))]
     manifest = {
-        "format": FORMAT,
+        "format": SHARDS_FORMAT,
         "tokenizer": tok,
         "source": source,
         "dtype": token_dtype(tokenizer.vocab_size).name,
@@ -134,7 +134,7 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True)
         "documents": sum(e["documents"] for e in files),
         "tokens": sum(e["tokens_count"] for e in files),
     }
-    _write_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+    _write_atomic(out / SHARDS_MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.data_errors import DataError
 from data.documents import Documents
-from data.errors import DataError
 from data.notices import Notices
 
 log = logging.getLogger("orscale.data")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from data.data_config import DataConfig
-from data.errors import DataError, first_line
+from data.data_errors import DataError, first_line
 from data.notices import Notices
 from data.paths import resolve_path
 

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from data.data_config import DataConfig
-from data.errors import DataError, first_line
+from data.data_errors import DataError, first_line
 from data.paths import resolve_path
 from data.tokenizer import TextTokenizer
 
-MANIFEST = "manifest.json"
-FORMAT = 1
+SHARDS_MANIFEST = "manifest.json"
+SHARDS_FORMAT = 1
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -38,15 +38,15 @@ def shard_names(k: int) -> tuple[str, str]:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    path = directory / MANIFEST
+    path = directory / SHARDS_MANIFEST
     if not path.is_file():
         raise DataError(
-            f"'{directory}' holds no {MANIFEST}; write token shards with "
+            f"'{directory}' holds no {SHARDS_MANIFEST}; write token shards with "
             "python -m data.prepare --config CONFIG --out DIR"
         )
     try:
         manifest = json.loads(path.read_text())
-        assert manifest["format"] == FORMAT and isinstance(manifest["files"], list)
+        assert manifest["format"] == SHARDS_FORMAT and isinstance(manifest["files"], list)
         for entry in manifest["files"]:
             assert {"tokens", "offsets", "pieces"} <= set(entry)
     except (ValueError, KeyError, TypeError, AssertionError) as err:

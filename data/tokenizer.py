@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from data.errors import DataError, first_line
+from data.data_errors import DataError, first_line
 from data.paths import resolve_path
 
 # Tried in order when a tokenizer.json does not say which token ends a document.

@@ -8,12 +8,11 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import torch
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from data.paths import PROJECT_ROOT
 
 
 def git_commit() -> str:

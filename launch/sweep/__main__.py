@@ -1,7 +1,7 @@
-"""`python -m launch.sweep`: see launch/sweep/cli.py."""
+"""`python -m launch.sweep`: see launch/sweep/sweep_cli.py."""
 
 import sys
 
-from launch.sweep.cli import main
+from launch.sweep.sweep_cli import main
 
 sys.exit(main())

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launch.sweep.spec import Cell, Group, Sweep
+from launch.sweep.spec import Cell, CellGroup, Sweep
 
 PLAN_FILE = "sweep_plan.json"
 State = Callable[[Cell], tuple[bool, float | None]]  # (finished, final val loss)
@@ -60,7 +60,7 @@ class Plan:
         }
 
 
-def _factor(sweep: Sweep, g: Group) -> float:
+def _factor(sweep: Sweep, g: CellGroup) -> float:
     if sweep.search is not None and sweep.search.factor is not None:
         return sweep.search.factor
     lrs = sorted(g.lrs)
@@ -69,7 +69,7 @@ def _factor(sweep: Sweep, g: Group) -> float:
     return math.exp(math.log(lrs[-1] / lrs[0]) / (len(lrs) - 1))  # the grid's geometric step
 
 
-def _search(sweep: Sweep, g: Group, state: State, plan: Plan) -> GroupPlan:
+def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
     assert sweep.search is not None
     seed, factor = sweep.search.seed, _factor(sweep, g)
     lrs, extra = sorted(g.lrs), {"low": 0, "high": 0}

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from data.paths import PROJECT_ROOT as ROOT
+
 RECIPE = ROOT / "launch" / "scripts" / "slurm.sbatch"
 
 

@@ -37,9 +37,9 @@ from typing import Any
 
 import yaml
 
+from data.paths import PROJECT_ROOT as ROOT
 from launch.nested import dotted_get, load_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "train.seed")  # owned by the grid
 TOP_KEYS = (
@@ -97,7 +97,7 @@ class LrSearch:
 
 
 @dataclass
-class Group:
+class CellGroup:
     """One (scale, optimizer) of a sweep: its LR grid, or the scale whose best LR it takes."""
 
     scale: str
@@ -122,7 +122,7 @@ class Group:
 class Sweep:
     path: Path
     runs_dir: Path
-    groups: list[Group] = field(default_factory=list)
+    groups: list[CellGroup] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     search: LrSearch | None = None
     slurm: dict = field(default_factory=dict)
@@ -345,7 +345,7 @@ def load_sweep(path: str | Path) -> Sweep:
                     "give 'lrs' (top level, per optimizer or per scale)"
                 )
             overrides = [*common, *scale["overrides"], *opt["overrides"], f"optim.name={opt['name']}"]
-            group = Group(
+            group = CellGroup(
                 scale["label"], opt["label"], scale["base"], overrides, list(lrs or []), scale["lr_from"], runs_dir
             )
             if len(set(group.lrs)) != len(group.lrs) or any(g.id == group.id for g in sweep.groups):

@@ -16,8 +16,8 @@ import yaml
 
 from launch.report import build as report
 from launch.report.stats import _betainc, bootstrap_ci, compare, fit_power_law, t_test
-from launch.sweep import cli as sweep
 from launch.sweep import jobs
+from launch.sweep import sweep_cli as sweep
 from launch.sweep.spec import ROOT, load_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
