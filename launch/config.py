@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -96,7 +97,9 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    backend: str = "none"  # none | ddp | fsdp | zero1 | zero2
+    # none | ddp | fsdp | zero1 | zero2 | auto: none for one process, fsdp when launched on several
+    # (resolved when the config is built, so config.yaml records the backend that ran)
+    backend: str = "auto"
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
     compile: str | bool = "none"  # none | blocks (torch.compile each block) | model (whole model, head and loss)
@@ -109,6 +112,8 @@ class ParallelConfig:
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
 
     def __post_init__(self) -> None:
+        if self.backend == "auto":
+            self.backend = "fsdp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
         # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
         if isinstance(self.compile, bool):
             self.compile = "blocks" if self.compile else "none"
@@ -124,7 +129,8 @@ class ParallelConfig:
             f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
         )
         _require(
-            self.backend in BACKENDS, f"parallel.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+            self.backend in BACKENDS,
+            f"parallel.backend must be one of {', '.join(BACKENDS)} or auto; got {self.backend!r}",
         )
         _require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"

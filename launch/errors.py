@@ -3,7 +3,7 @@ and exit status 2. Each package owns its own error class; this module only gathe
 
 from __future__ import annotations
 
-from data.errors import DataError
+from data.data_errors import DataError
 from evals.eval_config import EvalConfigError
 from evals.task_data import EvalDataError
 from models.hf_mapping import ExportError

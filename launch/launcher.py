@@ -9,7 +9,8 @@ ignores SIGTERM/SIGINT; this launcher forwards them to the workers, which finish
 a checkpoint and exit 0, and torchrun then exits 0 with them. A second signal kills everything.
 When Slurm signals every process of the step, the workers get it directly and torchrun ignores it.
 If this launcher is killed outright, torchrun goes with it (parent-death signal), and the workers
-go with torchrun (train.py asks for the same).
+go with torchrun (train.py asks for the same). torchrun runs through `launch/runtime/elastic.py`,
+which keeps its traceback out of the way when a worker stopped on a one-line user error.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torchrun handles SIGHUP/SIGQUIT as usual but leaves SIGTERM/SIGINT alone (ignored, see above).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--signals-to-handle=SIGHUP,SIGQUIT", *argv],
+        [sys.executable, "-m", "launch.runtime.elastic", "--signals-to-handle=SIGHUP,SIGQUIT", *argv],
         preexec_fn=_die_with_parent,
     )
     received = 0

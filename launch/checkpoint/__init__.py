@@ -8,15 +8,26 @@ from launch.checkpoint.checkpointer import (
     META,
     Checkpointer,
     RankPart,
+    SaveError,
     ShardedPart,
+    checkpoint_dirs,
     is_complete,
     latest_checkpoint,
     read_meta,
     step_dir,
 )
-from launch.checkpoint.inspection import check_loadable, find_checkpoint, load_model_weights, newest_intact_checkpoint
+from launch.checkpoint.inspection import (
+    check_loadable,
+    damaged_checkpoints,
+    find_checkpoint,
+    load_model_weights,
+    newest_intact_checkpoint,
+)
 
 __all__ = [
+    "SaveError",
+    "checkpoint_dirs",
+    "damaged_checkpoints",
     "FORMAT",
     "META",
     "Checkpointer",

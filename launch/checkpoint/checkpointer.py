@@ -22,21 +22,39 @@ for its metadata), ZeRO's state through safetensors.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
-from launch.checkpoint.manifest import write_manifest
-from launch.runtime.process_group import DistEnv, barrier
+from launch.checkpoint.disk import GIB, describe_failure, dir_bytes, free_bytes, mount_point
+from launch.checkpoint.manifest import verify_manifest, write_manifest
+from launch.errors import UserError
+from launch.runtime.process_group import DistEnv, all_gather_objects, barrier
+
+log = logging.getLogger("orscale")
 
 META = "meta.json"
+_STEP = re.compile(r"step_\d{8}")
 # 3: the loader addresses documents by (piece, row) (issue 9); 1 (no "format" key): by document
 # index, one rank{r}.pt of {"loader", "rng"}. Older checkpoints export but do not resume.
 FORMAT = 3
+
+
+class SaveError(UserError):
+    """A checkpoint could not be written (full disk, quota, permission, read-only file system)."""
+
+
+def _intact(path: Path) -> bool:
+    """Whether a published checkpoint's files still match its manifest (sizes and checksums)."""
+    return verify_manifest(path) is None
 
 
 class ShardedPart(Protocol):
@@ -60,6 +78,13 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def checkpoint_dirs(root: str | Path) -> list[Path]:
+    """Every `step_NNNNNNNN` directory under a checkpoints root, oldest first, complete or not
+    (moved-aside ones, `step_N.damaged-...`, are not checkpoints any more)."""
+    root = Path(root)
+    return sorted(p for p in root.glob("step_*") if _STEP.fullmatch(p.name) and p.is_dir()) if root.is_dir() else []
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The newest complete checkpoint under a checkpoints root (the `latest` pointer, else a scan)."""
     root = Path(root)
@@ -68,7 +93,7 @@ def latest_checkpoint(root: str | Path) -> Path | None:
         candidate = root / pointer.read_text().strip()
         if is_complete(candidate):
             return candidate
-    done = sorted(p for p in root.glob("step_*") if is_complete(p))
+    done = [p for p in checkpoint_dirs(root) if is_complete(p)]
     return done[-1] if done else None
 
 
@@ -100,33 +125,99 @@ class Checkpointer:
 
     def save(self, step: int, meta: dict[str, Any]) -> Path:
         """Write every part under `.tmp_step_N/`, then meta.json, rename, point `latest` at it and
-        delete all but the newest `keep` complete checkpoints. Returns the final directory."""
+        delete all but the newest `keep` complete checkpoints at or below this step. Returns the
+        final directory. A write that fails (full disk, quota, permission, read-only file system)
+        on any rank raises SaveError on every rank with one line; the temporary directory is
+        removed and every earlier checkpoint is left as it was."""
         final = step_dir(self.root, step)
         tmp = self.root / f".tmp_{final.name}"
-        if self.env.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
-            tmp.mkdir(parents=True)
-        barrier()
-        for part in self.sharded:
-            part.save(tmp)
-        torch.save({name: part.state_dict() for name, part in self.per_rank.items()}, tmp / f"rank{self.env.rank}.pt")
-        barrier()
-        if self.env.is_main:
-            write_manifest(tmp, exclude=(META,))  # sizes and checksums: a resume can tell damage
-            _write_durable(
-                tmp / META,
-                json.dumps({**meta, "step": step, "world_size": self.env.world_size, "format": FORMAT}, indent=1),
+        latest = latest_checkpoint(self.root) if self.root.is_dir() else None
+        need = dir_bytes(latest) if latest is not None and self.env.is_main else 0
+        if self.env.is_main and need and free_bytes(self.root) < need * 1.05:
+            log.warning(
+                "checkpoint step %d may not fit: the previous one took %.2f GiB and %.2f GiB are free on %s",
+                step,
+                need / GIB,
+                free_bytes(self.root) / GIB,
+                mount_point(self.root),
             )
-            if final.exists():  # the same step saved again (e.g. SIGTERM right after a save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_durable(self.root / ".latest.tmp", final.name + "\n")
-            os.replace(self.root / ".latest.tmp", self.root / "latest")
-            done = sorted(p for p in self.root.glob("step_*") if is_complete(p))
-            for old in done[: -self.keep] if self.keep > 0 else []:
-                shutil.rmtree(old, ignore_errors=True)
+
+        def stage(work: Callable[[], None]) -> None:
+            error: BaseException | None = None
+            try:
+                work()
+            except (OSError, RuntimeError, CheckpointException) as err:  # DCP's is a BaseException
+                error = err
+            self._agree(error, step, need or dir_bytes(tmp), latest, tmp)
+
+        def prepare() -> None:
+            if self.env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
+                tmp.mkdir(parents=True)
+
+        def write_parts() -> None:
+            for part in self.sharded:
+                part.save(tmp)
+            states = {name: part.state_dict() for name, part in self.per_rank.items()}
+            torch.save(states, tmp / f"rank{self.env.rank}.pt")
+
+        def publish() -> None:
+            if self.env.is_main:
+                write_manifest(tmp, exclude=(META,))  # sizes and checksums: a resume can tell damage
+                body = {**meta, "step": step, "world_size": self.env.world_size, "format": FORMAT}
+                _write_durable(tmp / META, json.dumps(body, indent=1))
+                self._make_room(final)
+                os.replace(tmp, final)
+                _write_durable(self.root / ".latest.tmp", final.name + "\n")
+                os.replace(self.root / ".latest.tmp", self.root / "latest")
+                self._prune(step)
+
+        stage(prepare)
+        stage(write_parts)
+        stage(publish)
         barrier()
         return final
+
+    def _agree(self, error: BaseException | None, step: int, need: int, latest: Path | None, tmp: Path) -> None:
+        """Collective: every rank learns whether any rank failed; on failure rank 0 removes the
+        temporary directory and every rank raises SaveError with the same line (an error that is
+        not a file-system failure is re-raised as it is where it happened)."""
+        line = None
+        if error is not None:
+            line = describe_failure(error, self.root, need, latest)
+            if line is None:
+                line = f"rank {self.env.rank} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
+        lines = all_gather_objects(line)
+        failed = next((x for x in lines if x is not None), None)
+        if failed is None:
+            return
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if error is not None and describe_failure(error, self.root, need, latest) is None:
+            raise error
+        raise SaveError(f"checkpoint step {step} not written: {failed}")
+
+    def _make_room(self, final: Path) -> None:
+        """`final` may exist: the same step saved again (SIGTERM right after a save) is replaced; a
+        damaged one (a resume from an earlier checkpoint) is moved aside, never deleted."""
+        if not final.exists():
+            return
+        if is_complete(final) and _intact(final):
+            shutil.rmtree(final)
+            return
+        aside = final.with_name(f"{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(final, aside)
+        log.warning("checkpoint %s was damaged: moved aside to %s (not deleted)", final.name, aside.name)
+
+    def _prune(self, step: int) -> None:
+        """Keep the newest `keep` complete checkpoints at or below `step`; never touch a newer one (a
+        damaged checkpoint a resume skipped stays where it is, for whoever wants to recover it)."""
+        if self.keep <= 0:
+            return
+        last = step_dir(self.root, step).name
+        done = [p for p in checkpoint_dirs(self.root) if is_complete(p) and p.name <= last]
+        for old in done[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore every part from the checkpoint at `path` (saved at any world size the parts

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from launch.checkpoint.dcp_safe import dcp_load
 
@@ -35,3 +35,17 @@ class ModelAndOptimizers:
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp_load(state, str(Path(directory) / "dcp"))
         set_state_dict(self.module, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def load_logical(self, weights: dict[str, Any], state: dict[str, Any]) -> None:
+        """Whole weights and optimizer state by parameter name (another backend's checkpoint, read
+        by launch.checkpoint.portable), sharded as this module's parameters are. Collective."""
+        _, current = get_state_dict(self.module, self.optimizers)  # the param groups, by name
+        options = StateDictOptions(full_state_dict=True)
+        optim: dict[str, Any] = {"state": state, "param_groups": current["param_groups"]}
+        set_state_dict(
+            self.module,
+            self.optimizers,
+            model_state_dict=weights,
+            optim_state_dict=optim,
+            options=options,
+        )

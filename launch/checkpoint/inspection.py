@@ -5,6 +5,7 @@ code: per-rank files through `weights_only=True`, DCP metadata through `dcp_safe
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from launch.checkpoint.checkpointer import META, is_complete, latest_checkpoint, read_meta
+from launch.checkpoint.checkpointer import META, checkpoint_dirs, is_complete, latest_checkpoint, read_meta
 from launch.checkpoint.dcp_safe import dcp_load, load_metadata
 from launch.checkpoint.manifest import verify_manifest
 
@@ -40,9 +41,28 @@ def check_loadable(path: str | Path) -> str | None:
         for current in sorted(path.rglob("*.safetensors")):  # headers: a truncated file fails here
             with safe_open(str(current), framework="pt") as fh:
                 fh.keys()
+    except pickle.UnpicklingError:  # weights_only refused an object: never pass on torch's "load it unsafely" hint
+        return f"{current} holds objects other than tensors and plain values, which this trainer never writes: refused"
     except Exception as err:  # any failure to read is the same answer: do not resume from it
-        return f"{current} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        return f"{current} cannot be read ({type(err).__name__}: {_first_line(err)})"
     return None
+
+
+def _first_line(err: BaseException) -> str:
+    """An exception's first line, without a library's advice to retry with weights_only=False."""
+    line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return "" if "weights_only" in line else line
+
+
+def damaged_checkpoints(root: Path) -> list[tuple[Path, str]]:
+    """(directory, what is wrong with it) for every checkpoint directory under `root` that would not
+    load: unpublished (no meta.json) or failing `check_loadable`."""
+    out = []
+    for path in checkpoint_dirs(root):
+        problem = check_loadable(path) if is_complete(path) else f"{path / META} is missing"
+        if problem is not None:
+            out.append((path, problem))
+    return out
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
@@ -69,7 +89,7 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, An
 
 def newest_intact_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under `root` whose files are intact and readable."""
-    for path in sorted((p for p in root.glob("step_*") if is_complete(p)), reverse=True):
+    for path in reversed([p for p in checkpoint_dirs(root) if is_complete(p)]):
         problem = check_loadable(path)
         if problem is None:
             return path

@@ -31,6 +31,14 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from launch.checkpoint.portable import (
+    ZERO_FORMAT,
+    ZERO_META,
+    ZERO_TAG,
+    check_checkpoint_layout,
+    read_optimizer_state,
+    read_weights,
+)
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model
@@ -42,11 +50,10 @@ from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
 from orscale import OptimConfig
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
-from orscale.distributed.zero_checkpoint import load_zero_state, save_zero_state
+from orscale.distributed.zero_checkpoint import LogicalState, load_zero_state, save_zero_state
+from orscale.routing import canonical_name
 
-TAG = "zero"  # the optimizer state goes to <checkpoint>/zero/rank<r>.safetensors
-META = "meta.json"  # <checkpoint>/zero/meta.json: format, and what wrote it
-FORMAT = "orscale-zero-2"  # 1: DeepSpeed's own files (zero_meta.json), same world size only
+TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
 
 
 def zero_stage(backend: str) -> int:
@@ -92,23 +99,12 @@ def ds_config(backend: str, micro: int, world_size: int, accum_steps: int) -> di
 
 
 def check_zero_checkpoint(path: Path) -> dict[str, Any]:
-    """The ZeRO meta of the checkpoint at `path`; one-line ConfigError when this engine cannot load it."""
-    meta_path = path / TAG / META
-    if (path / TAG / "zero_meta.json").is_file():
-        raise ConfigError(
-            f"{path} holds DeepSpeed's own ZeRO files, written by an earlier version of this trainer "
-            "(they load only at their world size, through pickle); resume it with that version, "
-            "or start a new run.dir (its model.safetensors still exports: python -m launch.export)"
-        )
-    if not meta_path.is_file():
-        raise ConfigError(
-            f"{path} was not saved by parallel.backend zero1/zero2 (no {TAG}/{META}); resume it with "
-            "the backend that wrote it (none, ddp or fsdp)"
-        )
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"{meta_path} is in format {meta.get('format')!r}; this trainer reads {FORMAT}")
-    return meta
+    """The layout of the checkpoint at `path` (any backend's: this engine reads both); one-line
+    ConfigError for what it cannot load."""
+    try:
+        return check_checkpoint_layout(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 class DeepSpeedEngine(Engine):
@@ -255,15 +251,42 @@ class DeepSpeedEngine(Engine):
                 "optim": self.optim_name,
             }
             (directory / TAG / META).write_text(json.dumps(meta, indent=1))
-        dist.barrier()
+        # No barrier here: the checkpointer agrees across ranks after every part has been written
+        # (a rank whose write failed must not leave the others waiting in a barrier).
 
     def load(self, directory: Path) -> None:
         """Collective. Weights into the model and this rank's fp32 master partitions, then the
         optimizer state (moments, momentum, calibration constants) rebuilt for this world size."""
         meta = check_zero_checkpoint(directory)
-        if meta["optim"] != self.optim_name:
-            raise ConfigError(f"{directory} was saved with optim.name={meta['optim']}; this run has {self.optim_name}")
-        self._load_weights(directory / "model.safetensors")
-        self.optimizer.copy_from_model(self.model)  # DeepSpeed's fp32 master partitions
-        load_zero_state(self.optimizer, directory / TAG)
+        if meta["kind"] == "dcp":  # written by one process, DDP or FSDP2
+            self._load_logical(directory)
+        else:
+            if meta["optim"] != self.optim_name:
+                raise ConfigError(
+                    f"{directory} was saved with optim.name={meta['optim']}; this run has {self.optim_name}"
+                )
+            self._load_weights(directory / "model.safetensors")
+            self.optimizer.copy_from_model(self.model)  # DeepSpeed's fp32 master partitions
+            load_zero_state(self.optimizer, directory / TAG)
         self._micro = 0
+
+    @torch.no_grad()
+    def _load_logical(self, directory: Path) -> None:
+        """Another backend's checkpoint: whole weights and whole optimizer state by parameter name,
+        cut into this rank's master partitions and the matrices it owns (collective: DCP reads)."""
+        weights = read_weights(directory)
+        own = self.model.state_dict()
+        names = {canonical_name(k): k for k in own}
+        if set(names) != set(weights):
+            diff = sorted(set(names) ^ set(weights))
+            raise ConfigError(
+                f"{directory} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
+                "resume with the model config that wrote it"
+            )
+        for canonical, name in names.items():
+            own[name].copy_(weights[canonical])
+        self.optimizer.copy_from_model(self.model)
+        params = dict(self.model.named_parameters())
+        state = read_optimizer_state(directory, {canonical_name(n): p.shape for n, p in params.items()})
+        mine = {n: state[canonical_name(n)] for n in params if canonical_name(n) in state}
+        load_zero_state(self.optimizer, source=LogicalState(mine))

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
+from launch.checkpoint.portable import check_checkpoint_layout, checkpoint_kind, read_optimizer_state, read_weights
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, no_sync, wrap_ddp
@@ -20,6 +21,7 @@ from launch.errors import ConfigError
 from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
+from orscale.routing import canonical_name
 
 
 class TorchEngine(Engine):
@@ -50,11 +52,10 @@ class TorchEngine(Engine):
 
     @staticmethod
     def check_checkpoint(path: Path, world_size: int) -> None:
-        if not (path / "dcp").is_dir():
-            raise ConfigError(
-                f"{path} was saved by parallel.backend zero1/zero2 (no dcp/ inside); resume it with "
-                "zero1 or zero2 (at any world size)"
-            )
+        try:  # either layout loads here (a ZeRO one through launch.checkpoint.portable)
+            check_checkpoint_layout(path)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def _accumulating(self, last_micro_batch: bool) -> AbstractContextManager:
         return no_sync(self.module, last_micro_batch)
@@ -84,4 +85,10 @@ class TorchEngine(Engine):
         self._checkpoint.save(directory)
 
     def load(self, directory: Path) -> None:
-        self._checkpoint.load(directory)
+        if checkpoint_kind(directory) == "dcp":
+            self._checkpoint.load(directory)
+            return
+        # Written by ZeRO-1/2: whole weights and optimizer state by name, sharded here as this
+        # engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
+        shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}
+        self._checkpoint.load_logical(read_weights(directory), read_optimizer_state(directory, shapes))

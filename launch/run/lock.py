@@ -11,6 +11,8 @@ import socket
 import time
 from pathlib import Path
 
+from launch.errors import ConfigError
+
 
 class RunLock:
     def __init__(self, run_dir: Path) -> None:
@@ -23,8 +25,14 @@ class RunLock:
         A held lock is retried for `grace_s` seconds first: after kill -9 of torchrun its workers
         die by their parent-death signal, but a worker's exit (and with it the lock) can trail the
         launcher's by a moment, and a requeue that relaunches at once must not be refused for it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+")
+        except OSError as err:  # a parent that is a file, no permission, a read-only file system
+            raise ConfigError(
+                f"run.dir '{self.path.parent}' cannot be created or written "
+                f"({err.strerror or err}); choose another run.dir"
+            ) from None
         deadline = time.monotonic() + grace_s
         while True:
             try:

@@ -1,11 +1,14 @@
 """Where a run starts: a fresh run directory, or the newest complete checkpoint in it.
 
 `run.resume`: `auto` (default) resumes from the newest *intact* checkpoint of `run.dir` (one whose
-files match its manifest; a damaged newer one is skipped with a warning naming the file); `none`
-starts fresh; a path resumes from that checkpoint. A run directory that holds metrics but no
-checkpoint is restarted from step 0 only when it holds the same run (a requeue after a preemption
-before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
-always kept under a new name.
+files match its manifest; a damaged newer one is skipped with a warning naming the file, and is
+never pruned or overwritten later). When checkpoints exist but none is intact, the run stops with
+one line naming each and its failing file: the trainer never starts over on top of them. `restart`
+starts from step 0 and moves every checkpoint there aside (`checkpoints.old-<time>/`, never
+deleted); `none` starts fresh in a directory that holds no run; a path resumes from that checkpoint.
+A run directory that holds metrics but no checkpoint directory at all is restarted from step 0 only
+when it holds the same run (a requeue after a preemption before the first save); another run there
+is refused unless `run.overwrite=true`. Old metrics are always kept under a new name.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
+from launch.checkpoint import FORMAT, check_loadable, damaged_checkpoints, find_checkpoint, newest_intact_checkpoint
 from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
@@ -90,8 +93,19 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
                 "another run.dir, or run.overwrite=true to start over (old metrics are kept)"
             )
         return None
+    if mode == "restart":
+        _move_aside(run.path / "checkpoints")
+        return None
     if mode == "auto":
         found = newest_intact_checkpoint(run.path / "checkpoints")
+        damaged = damaged_checkpoints(run.path / "checkpoints") if found is None else []
+        if damaged:
+            listed = "; ".join(f"{path.name}: {problem}" for path, problem in damaged)
+            raise ConfigError(
+                f"run.dir '{run.path}' holds checkpoints but none is intact ({listed}); nothing was written. "
+                "Resume from an intact copy with run.resume=PATH, or start over with run.resume=restart "
+                "(the damaged ones are moved aside, never deleted)"
+            )
         if found is None and has_run and not run_cfg.overwrite:
             if not same_run(run, resolved):
                 raise ConfigError(
@@ -112,6 +126,14 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
     if problem is not None:
         raise ConfigError(f"run.resume='{mode}' is damaged: {problem}; pick another checkpoint")
     return found
+
+
+def _move_aside(checkpoints: Path) -> None:
+    """`run.resume=restart`: keep every checkpoint there under a new name (never deleted)."""
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        aside = checkpoints.with_name(f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(checkpoints, aside)
+        log.warning("run.resume=restart: the checkpoints there were moved aside to %s (not deleted)", aside.name)
 
 
 def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:

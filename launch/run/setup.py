@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
-from launch.checkpoint import Checkpointer, latest_checkpoint, read_meta
+from launch.checkpoint import Checkpointer, SaveError, latest_checkpoint, read_meta
 from launch.config import Config, TrainConfig, to_dict
 from launch.engine import Engine, engine_class
 from launch.errors import ConfigError, UserError
@@ -80,10 +80,19 @@ class Run:
             f"training diverged: non-finite {quantity} at step {step}; nothing was saved from it; {where}"
         )
 
-    def save(self) -> Path:
-        """A checkpoint of the current state, after checking that it is finite on every rank."""
+    def save(self) -> Path | None:
+        """A checkpoint of the current state, after checking that it is finite on every rank. A
+        checkpoint that cannot be written stops the run (SaveError, one line), unless
+        `train.on_save_error=continue` and it is not the last step: then the line is logged and the
+        next interval tries again. Returns the checkpoint, or None when it was not written."""
         self.check_finite()
-        path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
+        try:
+            path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
+        except SaveError as err:
+            if self.cfg.train.on_save_error != "continue" or self.state.step >= self.cfg.train.max_steps:
+                raise
+            log.error("%s; training goes on (train.on_save_error=continue) and tries again at the next save", err)
+            return None
         log.info("checkpoint: %s", path)
         return path
 
@@ -92,6 +101,21 @@ class Run:
         self.run_dir.close()
         self.audit.close()
         self.lock.release()
+
+
+def _fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> None:
+    """A micro-batch larger than a rank's share of the step is set to the share (one log line):
+    the tiny default's 16 sequences per micro-batch on 2 ranks, each holding 8 of a step's 16."""
+    share = train.tokens_per_step // seq_len // world_size
+    if train.micro_batch_size > share >= 1:
+        log.info(
+            "train.micro_batch_size %d is more than a rank's share of a step (%d sequences on %d ranks): using %d",
+            train.micro_batch_size,
+            share,
+            world_size,
+            share,
+        )
+        train.micro_batch_size = share
 
 
 def _accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
@@ -114,6 +138,16 @@ def setup_run(cfg: Config) -> Run:
     engine_type.check_config(cfg.parallel, cfg.optim)
     check_mirrors_available(cfg.train)
     world_size = launched_world_size()
+    run_path = Path(cfg.run.dir)
+    if run_path.exists() and not run_path.is_dir():
+        raise ConfigError(f"run.dir '{run_path}' exists and is not a directory; choose another run.dir")
+    if cfg.optim.warmup_steps > cfg.train.max_steps:  # a short debug run of a long config is legitimate: warn
+        log.warning(
+            "optim.warmup_steps (%d) is more than train.max_steps (%d): this run never reaches its peak LR (%g)",
+            cfg.optim.warmup_steps,
+            cfg.train.max_steps,
+            cfg.optim.lr,
+        )
     if cfg.data.logical_shards % world_size:  # before any process group exists: the same line on every rank
         raise ConfigError(
             f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
@@ -121,6 +155,7 @@ def setup_run(cfg: Config) -> Run:
         )
     env = init_distributed(cfg.parallel.backend, cfg.train.device)
     setup_logging(env.rank)
+    _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
     accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)
 
     # ---- data: tokenizer, fixed validation set, this rank's logical shards of the stream after it

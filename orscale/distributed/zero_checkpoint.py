@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,9 @@ class _SavedState:
                 else:
                     self.whole[key] = fh
 
+    def has_pieces(self, key: str) -> bool:
+        return key in self.pieces
+
     def value(self, key: str) -> Any:
         if key in self.whole:
             return self.whole[key].get_tensor(key)
@@ -114,17 +118,81 @@ class _SavedState:
             raise ValueError(f"the checkpoint holds {filled} of {n} elements of {base}")
 
 
-def load_zero_state(opt: ZeroShardedOptimizer, directory: Path) -> None:
-    """Rebuild this rank's optimizer state from the rank files in `directory`, whatever data-parallel
-    size wrote them."""
+class LogicalState:
+    """Optimizer state by parameter name, whole tensors ({name: {key: value}}: what any backend's
+    checkpoint reads back as, `launch.checkpoint.portable`), seen the way `load_zero_state` reads the
+    rank files: per-element state of a flat (AdamW) parameter as pieces, the rest whole."""
+
+    def __init__(self, state: dict[str, dict[str, Any]]) -> None:
+        self.state = state
+
+    def _get(self, key: str) -> Any:
+        _, rest = key.split("/", 1)  # "flat/<name>/<key>" or "owner/<name>/<key>"
+        name, leaf = rest.rsplit("/", 1)
+        return self.state[name][leaf]
+
+    def has_pieces(self, key: str) -> bool:
+        try:
+            value = self._get(key)
+        except KeyError:
+            return False
+        return key.startswith("flat/") and isinstance(value, Tensor) and value.dim() > 0
+
+    def value(self, key: str) -> Any:
+        return self._get(key)
+
+    def keys_under(self, prefix: str) -> list[str]:
+        name = prefix.split("/", 1)[1].rstrip("/")
+        return sorted(self.state.get(name, {}))
+
+    def fill(self, base: str, out: Tensor, mat_off: int) -> None:
+        flat = self._get(base).reshape(-1)
+        if mat_off + out.numel() > flat.numel():
+            raise ValueError(f"{base} holds {flat.numel()} elements, fewer than the {mat_off + out.numel()} asked")
+        out.copy_(flat[mat_off : mat_off + out.numel()])
+
+
+def read_logical_state(directory: Path, shapes: dict[str, torch.Size]) -> dict[str, dict[str, Any]]:
+    """Every parameter's optimizer state from the rank files in `directory`, whole tensors in the
+    parameters' shapes ({name: {key: value}}), whatever data-parallel size wrote them."""
+    out: dict[str, dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
         saved = _SavedState(sorted(directory.glob("rank*.safetensors")), stack)
+        for name, shape in shapes.items():
+            state: dict[str, Any] = {}
+            for key in saved.keys_under(f"flat/{name}/"):
+                base = f"flat/{name}/{key}"
+                if saved.has_pieces(base):
+                    full = torch.zeros(math.prod(shape), dtype=torch.float32)
+                    saved.fill(base, full, 0)
+                    state[key] = full.view(shape)
+                else:
+                    state[key] = saved.value(base)
+            for key in saved.keys_under(f"owner/{name}/"):
+                state[key] = saved.value(f"owner/{name}/{key}")
+            if state:
+                out[name] = state
+    return out
+
+
+def load_zero_state(
+    opt: ZeroShardedOptimizer, directory: Path | None = None, source: LogicalState | None = None
+) -> None:
+    """Rebuild this rank's optimizer state from the rank files in `directory` (whatever data-parallel
+    size wrote them) or from another backend's checkpoint read as a `LogicalState`."""
+    with contextlib.ExitStack() as stack:
+        if source is not None:
+            saved: _SavedState | LogicalState = source
+        elif directory is not None:
+            saved = _SavedState(sorted(directory.glob("rank*.safetensors")), stack)
+        else:
+            raise ValueError("load_zero_state needs the rank files' directory or a LogicalState")
         for group, layout in _flat_layouts(opt):
             part = group["params"][0]
             keys = {k for name in layout.names for k in saved.keys_under(f"flat/{name}/")}
             state: dict[str, Any] = {}
             for key in sorted(keys):
-                if any(f"flat/{name}/{key}" in saved.pieces for name in layout.names):
+                if any(saved.has_pieces(f"flat/{name}/{key}") for name in layout.names):
                     buf = torch.zeros(part.numel(), dtype=torch.float32)
                     for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
                         saved.fill(
@@ -132,11 +200,7 @@ def load_zero_state(opt: ZeroShardedOptimizer, directory: Path) -> None:
                         )
                     state[key] = buf.to(part.device)
                 else:
-                    name = next(
-                        n
-                        for n in layout.names
-                        if f"flat/{n}/{key}" in saved.whole or f"flat/{n}/{key}" in saved.numbers
-                    )
+                    name = next(n for n in layout.names if key in saved.keys_under(f"flat/{n}/"))
                     value = saved.value(f"flat/{name}/{key}")
                     state[key] = value.to(part.device) if key != "step" and isinstance(value, Tensor) else value
             opt.state[part] = state
@@ -144,7 +208,7 @@ def load_zero_state(opt: ZeroShardedOptimizer, directory: Path) -> None:
             owner_keys = saved.keys_under(f"owner/{name}/")
             if not owner_keys:
                 raise ValueError(f"the checkpoint holds no optimizer state for {name}")
-            state = opt.owner_state(w)
+            owned = opt.owner_state(w)
             for key in owner_keys:
                 value = saved.value(f"owner/{name}/{key}")
-                state[key] = value.to(w.device) if isinstance(value, Tensor) else value
+                owned[key] = value.to(w.device) if isinstance(value, Tensor) else value

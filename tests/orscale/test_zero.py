@@ -114,25 +114,30 @@ def test_owner_muon_family_is_built_like_build_optimizers():
     assert mine.track_diagnostics == ref.track_diagnostics
 
 
-def test_checkpoint_of_another_backend_or_format_is_one_line(tmp_path):
-    """ZeRO checkpoints load at any world size and stage, but not under a torch backend (and DCP
-    ones not under ZeRO); DeepSpeed's own files of an earlier version are named as such."""
+def test_checkpoints_of_either_layout_load_under_every_engine_and_old_files_are_one_line(tmp_path):
+    """ZeRO checkpoints load at any world size and stage, and under the torch engines too (and DCP
+    ones under ZeRO: launch.checkpoint.portable); DeepSpeed's own files of an earlier version, and a
+    directory of neither layout, are named as such in one line."""
     (tmp_path / "zero").mkdir()
+    (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "zero" / "meta.json").write_text(
         json.dumps({"format": FORMAT, "world_size": 2, "stage": 2, "optim": "orscale_lm"})
     )
     assert check_zero_checkpoint(tmp_path)["world_size"] == 2
     DeepSpeedEngine.check_checkpoint(tmp_path, 3)  # another world size is fine
-    with pytest.raises(ConfigError, match="resume it with zero1 or zero2") as err:
-        TorchEngine.check_checkpoint(tmp_path, 2)
+    TorchEngine.check_checkpoint(tmp_path, 2)  # and another engine
     (tmp_path / "zero" / "zero_meta.json").write_text("{}")
     with pytest.raises(ConfigError, match="DeepSpeed's own ZeRO files") as legacy:
         DeepSpeedEngine.check_checkpoint(tmp_path, 2)
+    with pytest.raises(ConfigError, match="DeepSpeed's own ZeRO files"):
+        TorchEngine.check_checkpoint(tmp_path, 2)
     (tmp_path / "dcp_run" / "dcp").mkdir(parents=True)
-    with pytest.raises(ConfigError, match="the backend that wrote it") as dcp:
-        DeepSpeedEngine.check_checkpoint(tmp_path / "dcp_run", 2)
+    DeepSpeedEngine.check_checkpoint(tmp_path / "dcp_run", 2)
     TorchEngine.check_checkpoint(tmp_path / "dcp_run", 2)
-    assert all("\n" not in str(e.value) for e in (err, legacy, dcp))
+    (tmp_path / "neither").mkdir()
+    with pytest.raises(ConfigError, match="neither dcp/ nor zero/") as neither:
+        TorchEngine.check_checkpoint(tmp_path / "neither", 2)
+    assert all("\n" not in str(e.value) for e in (legacy, neither))
 
 
 # ------------------------------------------------------------------------------- distributed runs

@@ -1,0 +1,62 @@
+"""What a failed checkpoint write means, said in one line: the file system, the space it needs and
+has, the latest checkpoint that is still good. Also the early warning before a save that will not
+fit (the size of the previous checkpoint against the free space)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+GIB = 2**30
+# torch.save reports a full disk as "RuntimeError: ... unexpected pos ..." without an errno: below
+# this much free space a failed write is taken for a full disk.
+NEARLY_FULL = 64 * 2**20
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the file system holding `path` (or its nearest existing parent)."""
+    p = path.resolve()
+    while not p.exists():
+        p = p.parent
+    dev = p.stat().st_dev
+    while p != p.parent and p.parent.stat().st_dev == dev:
+        p = p.parent
+    return p
+
+
+def free_bytes(path: Path) -> int:
+    p = path
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def describe_failure(err: BaseException, root: Path, need: int, latest: Path | None) -> str | None:
+    """One line for a checkpoint write that failed with `err`, or None when `err` is not an I/O
+    failure of the file system (a bug: the caller re-raises it as it is). DCP's CheckpointException
+    (every rank's failures) is read through to the first rank's exception."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        err = next(iter(failures.values()))[0]
+    fs = mount_point(root)
+    free = free_bytes(root)
+    size = f"needs ~{need / GIB:.2f} GiB, {free / GIB:.2f} GiB free" if need else f"{free / GIB:.2f} GiB free"
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(err, RuntimeError) and free < NEARLY_FULL):
+        what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+        reason = f"{what} on {fs} ({size})"
+    elif isinstance(err, OSError):
+        where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+        reason = f"{os.strerror(code) if code else err}{where} on {fs}"
+    else:
+        return None
+    good = (
+        f"step {int(latest.name.split('_')[-1])} ({latest}) is the latest intact" if latest else "no earlier checkpoint"
+    )
+    return f"{reason}; {good}"

@@ -1,0 +1,114 @@
+"""Checkpoints that move between backends: any engine resumes any other engine's checkpoint.
+
+Two on-disk layouts exist, each the natural one of its engines and each loadable at any world size:
+`dcp/` (one process, DDP, FSDP2: `torch.distributed.checkpoint`, sharded DTensors) and `zero/` +
+`model.safetensors` (ZeRO-1/2: optimizer state by parameter name, pieces of flat partitions and
+whole owner tensors). Both read back here as one *logical* state — every parameter's weights and
+optimizer state (momentum, calibration constant c, AdamW moments and step, CBP's energies ...) as
+whole tensors by fully-qualified parameter name — and each engine maps that to its own layout when
+it loads a checkpoint written by the other family. Nothing on disk changed, so every checkpoint
+ever written by this trainer (format 3) still loads. Nothing read here can run code.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from launch.checkpoint.dcp_safe import dcp_load, load_metadata
+from orscale.distributed.zero_checkpoint import read_logical_state
+from orscale.routing import canonical_name
+
+MODEL, STATE = "model.", "optim.state."  # DCP's flattened keys of ModelAndOptimizers' state dict
+ZERO_TAG = "zero"  # the ZeRO layout: <checkpoint>/zero/rank<r>.safetensors and zero/meta.json
+ZERO_META = "meta.json"
+ZERO_FORMAT = "orscale-zero-2"  # 1: DeepSpeed's own files (zero_meta.json), same world size only
+
+LogicalState = dict[str, dict[str, Any]]  # {parameter name: {state key: value}}
+
+
+def checkpoint_kind(path: Path) -> str:
+    """`dcp` or `zero` (what wrote the checkpoint at `path`)."""
+    if (path / "dcp").is_dir():
+        return "dcp"
+    if (path / ZERO_TAG).is_dir() and (path / "model.safetensors").is_file():
+        return "zero"
+    raise ValueError(f"{path} holds neither dcp/ nor zero/ + model.safetensors: not a checkpoint of this trainer")
+
+
+def check_checkpoint_layout(path: Path) -> dict[str, Any]:
+    """What wrote the checkpoint at `path` ({"kind": dcp | zero, ...the ZeRO meta}), or a one-line
+    ValueError for what no engine here loads (DeepSpeed's own files of an earlier version)."""
+    if (path / ZERO_TAG / "zero_meta.json").is_file():
+        raise ValueError(
+            f"{path} holds DeepSpeed's own ZeRO files, written by an earlier version of this trainer "
+            "(they load only at their world size, through pickle); resume it with that version, "
+            "or start a new run.dir (its model.safetensors still exports: python -m launch.export)"
+        )
+    kind = checkpoint_kind(path)
+    if kind == "dcp":
+        return {"kind": kind}
+    meta_path = path / ZERO_TAG / ZERO_META
+    if not meta_path.is_file():
+        raise ValueError(f"{path} has zero/ but no {ZERO_TAG}/{ZERO_META}: it was not written completely")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != ZERO_FORMAT:
+        raise ValueError(f"{meta_path} is in format {meta.get('format')!r}; this trainer reads {ZERO_FORMAT}")
+    return {"kind": kind, **meta}
+
+
+def _dcp_tensors(path: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """Every entry of a DCP checkpoint under `prefixes`, read whole (tensors as the full logical
+    tensor, whatever sharding wrote it; non-tensor entries as the values they hold)."""
+    with open(path / "dcp" / ".metadata", "rb") as fh:
+        metadata = load_metadata(fh)
+    template: dict[str, Any] = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith(prefixes):
+            if isinstance(md, TensorStorageMetadata):
+                template[key] = torch.zeros(md.size, dtype=md.properties.dtype)
+            else:
+                template[key] = None  # a non-tensor entry (an int step): DCP puts the value there
+    with warnings.catch_warnings():  # "assuming a single process": intended where no group exists
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(template, str(path / "dcp"))
+    return template
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's tensors by (canonical) name, whole, on the CPU."""
+    if checkpoint_kind(path) == "dcp":
+        return {k[len(MODEL) :]: v for k, v in _dcp_tensors(path, (MODEL,)).items()}
+    with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
+        return {canonical_name(k): fh.get_tensor(k) for k in fh.keys()}
+
+
+def read_optimizer_state(path: Path, shapes: dict[str, torch.Size]) -> LogicalState:
+    """Every parameter's optimizer state, whole, by (canonical) parameter name. `shapes`: the
+    parameters' shapes by canonical name (a ZeRO checkpoint stores flat pieces)."""
+    if checkpoint_kind(path) == "zero":
+        saved_names = _zero_names(path)
+        named = {saved: shapes[canonical_name(saved)] for saved in saved_names if canonical_name(saved) in shapes}
+        return {canonical_name(k): v for k, v in read_logical_state(path / "zero", named).items()}
+    out: LogicalState = {}
+    for key, value in _dcp_tensors(path, (STATE,)).items():
+        name, leaf = key[len(STATE) :].rsplit(".", 1)
+        out.setdefault(name, {})[leaf] = value
+    return out
+
+
+def _zero_names(path: Path) -> list[str]:
+    """The parameter names a ZeRO checkpoint uses (those of model.safetensors)."""
+    with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
+        return list(fh.keys())
+
+
+def calibration_constants(path: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """{matrix name: c} of a checkpoint (OrScale-LM's constants; {} for other optimizers)."""
+    return {name: st["c"] for name, st in read_optimizer_state(path, shapes).items() if "c" in st}
