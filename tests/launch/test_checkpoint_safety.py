@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from launch.checkpoint import check_loadable, checkpoint_dirs
+from launch.checkpoint.manifest import write_manifest
 from launch.loop import main as train_main
 from tests.helpers import ROOT, SMALL, TINY, env, metrics, train_cmd, train_losses
 
@@ -151,8 +152,10 @@ def test_run_dir_that_is_a_file_and_a_poisoned_file_are_one_line(tmp_path, capsy
 
     run = tmp_path / "run"
     assert _train(run, "train.max_steps=1") == 0
-    torch.save({"x": Evil()}, run / "checkpoints/step_00000001/rank0.pt")
-    problem = check_loadable(run / "checkpoints/step_00000001")
+    step = run / "checkpoints/step_00000001"
+    torch.save({"x": Evil()}, step / "rank0.pt")
+    write_manifest(step, exclude=("meta.json",))  # a poisoned copy with a consistent manifest
+    problem = check_loadable(step)
     assert problem is not None and "refused" in problem and "weights_only" not in problem, problem
 
 
