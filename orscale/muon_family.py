@@ -108,7 +108,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         if eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         ns_schedule(ns_coefficients, ns_steps)  # validates both
-        resolve_ns_dtype(ns_dtype)
+        if ns_dtype != "auto":
+            resolve_ns_dtype(ns_dtype)
         self.variant_name = variant if isinstance(variant, str) else "custom"
         # Off: compute only the norms the variant needs (no ⟨W,Q⟩, no per-step diag tensors).
         self.track_diagnostics = track_diagnostics
@@ -156,6 +157,11 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         except ValueError:
             self.param_groups.pop()
             raise
+        if group["ns_dtype"] == "auto":
+            # bf16 where it is fast (tensor cores: the paper's choice); fp32 on a CPU, where bf16
+            # matmuls are emulated on most chips (~45x slower on the CI's) and buy no speed.
+            on_cuda = bool(group["params"]) and group["params"][0].device.type == "cuda"
+            group["ns_dtype"] = "bf16" if on_cuda else "fp32"
         self._init_state(group)
         self._build_consts()
 

@@ -30,7 +30,7 @@ class OptimConfig:
     nesterov: bool = True
     ns_steps: int = 5
     ns_coefficients: str = "polar_express"  # polar_express | jordan
-    ns_dtype: str = "bf16"  # bf16 | fp32 (fp32 for exact equality tests)
+    ns_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32 (fp32 for exact equality tests)
     r_min: float = 0.1
     r_max: float = 5.0
     trust_eps: float = 1e-6
@@ -75,7 +75,10 @@ class OptimConfig:
                 0 < self.r_min <= self.r_max < math.inf,
                 f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})",
             ),
-            (self.ns_dtype in ("bf16", "fp32"), f"optim.ns_dtype must be bf16 or fp32, got {self.ns_dtype!r}"),
+            (
+                self.ns_dtype in ("auto", "bf16", "fp32"),
+                f"optim.ns_dtype must be auto, bf16 or fp32, got {self.ns_dtype!r}",
+            ),
             (
                 self.fused in ("auto", "fused", "foreach"),
                 f"optim.fused must be auto, fused or foreach, got {self.fused!r}",
