@@ -11,10 +11,12 @@ the others are listed under "Unfinished runs".
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +96,24 @@ class LrCell:
 class Group:  # one optimizer in one row
     optim: str
     cells: dict[float, LrCell] = field(default_factory=dict)
+    # Set from sweep_plan.json (launch/report/selection.py); the defaults are a sweep without a
+    # plan: the LR is chosen and scored on the same seeds.
+    select_seed: int | None = None  # the LR search's seed: the best LR is chosen on it alone
+    eval_seeds: tuple[int, ...] | None = None  # the seeds scored at the best LR (None: all)
+    fixed_lr: float | None = None  # lr_from: the LR found at another scale
+    inherited_edge: str | None = None  # lr_from: the source's grid-edge flag
+    status: str = "done"  # "done", or why the group has no final numbers yet (search running, ...)
+    sweep_id: str | None = None  # "<scale>/<optimizer>" of the sweep's run directories
 
     @property
     def best(self) -> LrCell:
+        if self.fixed_lr is not None and self.fixed_lr in self.cells:
+            return self.cells[self.fixed_lr]
+        if self.select_seed is not None:
+            on_seed = {lr: c.losses[self.select_seed] for lr, c in self.cells.items() if self.select_seed in c.losses}
+            if on_seed:  # the planner's rule: lowest loss on the search seed, non-finite worst, ties lower LR
+                lr = min(on_seed, key=lambda x: (not math.isfinite(on_seed[x]), on_seed[x], x))
+                return self.cells[lr]
         # Lowest mean over seeds; a diverged seed makes the whole LR non-finite (never "best").
         return min(
             self.cells.values(),
@@ -104,9 +121,27 @@ class Group:  # one optimizer in one row
         )
 
     @property
+    def score(self) -> LrCell:
+        """The runs that give the group's numbers: the best LR's evaluation seeds (with a plan),
+        else every seed at the best LR."""
+        b = self.best
+        if self.eval_seeds is None:
+            return b
+        return LrCell(b.lr, [r for r in b.runs if int(r.cfg("train.seed", -1)) in self.eval_seeds])
+
+    def selection_loss(self, lr: float) -> float:
+        """The loss the LR was chosen on: the search seed's, else the mean over seeds."""
+        c = self.cells[lr]
+        if self.select_seed is not None and self.select_seed in c.losses:
+            return c.losses[self.select_seed]
+        return c.mean
+
+    @property
     def edge(self) -> str | None:
+        if self.inherited_edge is not None:
+            return self.inherited_edge
         lrs = sorted(self.cells)
-        if len(lrs) < 2 or not math.isfinite(self.best.mean):
+        if len(lrs) < 2 or not math.isfinite(self.selection_loss(self.best.lr)):
             return None
         return "lowest" if self.best.lr == lrs[0] else "highest" if self.best.lr == lrs[-1] else None
 
@@ -122,6 +157,21 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
     paper_scale: str | None = None
     n_params: float | None = None  # non-embedding
     n_total: float | None = None
+    n_layer: int | None = None
+    d_model: int | None = None
+    sweep_scale: str | None = None  # the sweep's scale label (first part of the run directories)
+
+    @property
+    def flops_per_token(self) -> float | None:
+        """Training FLOPs per token as models.gpt.GPT.flops_per_token counts them: 6 × every
+        parameter (the tied output layer is a matmul) + 12·L·d·T for attention's QKᵀ and AV."""
+        if self.n_total is None or self.n_layer is None or self.d_model is None:
+            return None
+        return 6.0 * self.n_total + 12.0 * self.n_layer * self.d_model * self.seq_len
+
+    @property
+    def short(self) -> str:
+        return self.sweep_scale or self.name
 
     @property
     def name(self) -> str:
@@ -154,26 +204,68 @@ def _paper_match(run: RunRecord, setups: dict[str, dict]) -> str | None:
     return s if same else None
 
 
+def _preset(run: RunRecord) -> Any:
+    try:
+        from models.presets import get_preset  # imports torch: only when the logs lack what we need
+
+        return get_preset(
+            str(run.cfg("model.preset")),
+            **{k: run.cfg(f"model.{k}") for k in ("n_layer", "d_model", "n_head", "vocab_size", "center_mlp")},
+        )
+    except (ImportError, ValueError, TypeError):
+        return None
+
+
 def _params(run: RunRecord) -> tuple[float | None, float | None]:
     """(non-embedding, total) parameters: metrics, else run.log's setup, else from the model config."""
     lt = run.last_train or {}
     total = lt.get("params") if finite(lt.get("params")) else run.setup.get("params")
     nonemb = lt.get("non_embedding_params") if finite(lt.get("non_embedding_params")) else None
+    if nonemb is None:
+        nonemb = run.setup.get("non_embedding_params") if finite(run.setup.get("non_embedding_params")) else None
     if nonemb is None or total is None:
-        try:
-            from models.presets import get_preset, param_counts  # imports torch: only when the logs lack counts
-
-            counted = param_counts(
-                get_preset(
-                    str(run.cfg("model.preset")),
-                    **{k: run.cfg(f"model.{k}") for k in ("n_layer", "d_model", "n_head", "vocab_size", "center_mlp")},
-                )
-            )
-        except (ImportError, ValueError, TypeError):
+        cfg = _preset(run)
+        if cfg is None:
             return nonemb, total
+        from models.presets import param_counts
+
+        counted = param_counts(cfg)
         total = counted[0] if total is None else total
         nonemb = counted[1] if nonemb is None else nonemb
     return nonemb, total
+
+
+@cache
+def _preset_shapes() -> dict[str, dict[str, int]]:
+    """models/presets.py's PRESETS as {name: {n_layer, d_model, ...}}, read with ast: importing the
+    module imports torch (seconds), and a report of preset-only runs needs just these integers."""
+    try:
+        tree = ast.parse((ROOT / "models" / "presets.py").read_text())
+        for node in tree.body:
+            target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+            if isinstance(target, ast.Name) and target.id == "PRESETS" and isinstance(node.value, ast.Dict):
+                return {
+                    ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords if kw.arg}
+                    for k, v in zip(node.value.keys, node.value.values, strict=True)
+                    if k is not None and isinstance(v, ast.Call)
+                }
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return {}
+
+
+def _shape(run: RunRecord) -> tuple[int | None, int | None]:
+    """(n_layer, d_model): the config's overrides, else the preset's."""
+    n_layer, d_model = run.cfg("model.n_layer"), run.cfg("model.d_model")
+    if n_layer is None or d_model is None:
+        known = _preset_shapes().get(str(run.cfg("model.preset")))
+        cfg = known if known and "n_layer" in known and "d_model" in known else None
+        if cfg is None:
+            preset = _preset(run)
+            cfg = None if preset is None else {"n_layer": preset.n_layer, "d_model": preset.d_model}
+        if cfg is not None:
+            n_layer, d_model = n_layer or cfg["n_layer"], d_model or cfg["d_model"]
+    return n_layer, d_model
 
 
 def build_rows(runs: list[RunRecord]) -> list[Row]:
@@ -208,6 +300,7 @@ def build_rows(runs: list[RunRecord]) -> list[Row]:
                 paper_scale=_paper_match(r, setups),
             )
             rows[key].n_params, rows[key].n_total = _params(r)
+            rows[key].n_layer, rows[key].d_model = _shape(r)
         name = str(r.cfg("optim.name"))
         if len(variants[(key, name)]) > 1:  # same optimizer, different optim.* settings: keep apart
             name += "#" + _hash(_drop(r.config["optim"], ("lr",)))[:4]
@@ -252,53 +345,16 @@ def _provenance(runs: list[RunRecord], root: Path) -> str:
     )
 
 
-def scaling_points(rows: list[Row]) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
-    """(family, optimizer) -> [(N, best mean loss, row name)], one point per scale: its largest budget."""
-    largest: dict[tuple[str, str], Row] = {}
-    for row in rows:
-        k = (row.family, row.label)
-        if k not in largest or row.tokens > largest[k].tokens:
-            largest[k] = row
-    out: dict[tuple[str, str], list] = {}
-    for row in largest.values():
-        for name, g in row.groups.items():
-            if row.n_params and math.isfinite(g.best.mean):
-                out.setdefault((row.family, name), []).append((float(row.n_params), g.best.mean, row.name))
-    return {k: sorted(v) for k, v in out.items()}
-
-
-def data_efficiency(rows: list[Row]) -> list[dict]:
-    """Per scale with >= 3 AdamW token budgets: fit AdamW's L(D) = E + B D^-beta, then for each
-    optimizer and budget D_opt, the AdamW tokens that reach its loss, divided by D_opt."""
-    out = []
-    by_scale: dict[tuple[str, str], list[Row]] = {}
-    for row in rows:
-        by_scale.setdefault((row.family, row.label), []).append(row)
-    for (_, label), group_rows in by_scale.items():
-        pts = [
-            (row.tokens, row.groups["adamw"].best.mean)
-            for row in group_rows
-            if "adamw" in row.groups and math.isfinite(row.groups["adamw"].best.mean)
-        ]
-        if len({d for d, _ in pts}) < 2:
-            continue
-        fit = fit_power_law([d for d, _ in pts], [loss for _, loss in pts])
-        entry: dict[str, Any] = {"scale": label, "adamw_budgets": sorted({d for d, _ in pts}), "fit": fit, "rows": []}
-        if fit is not None:
-            for row in group_rows:
-                for name, g in row.groups.items():
-                    if name != "adamw" and math.isfinite(g.best.mean):
-                        entry["rows"].append((name, row.tokens, g.best.mean, fit.inverse(g.best.mean) / row.tokens))
-        out.append(entry)
-    return out
-
-
 def build_report(runs_dir: Path, out_dir: Path) -> dict:
     """Read every run under runs_dir, write report.md, summary.json and the PNGs; return the summary."""
-    from launch.report import markdown, plots  # split only to keep each file readable
+    from launch.report import analysis, markdown, plots, sections, selection  # split to keep files readable
+    from launch.report.markdown_util import strict_json
+    from launch.report.series import data_efficiency, scaling_points, usable
 
     runs = [read_run(p) for p in find_run_dirs(runs_dir)]
     rows = build_rows(runs)
+    plan = selection.read_plan(runs_dir)
+    pending = selection.apply_plan(rows, runs_dir, plan)
     points = scaling_points(rows)
     fits: dict[tuple[str, str], PowerFit | None] = {
         k: fit_power_law([n for n, _, _ in v], [loss for _, loss, _ in v]) for k, v in points.items()
@@ -310,12 +366,17 @@ def build_report(runs_dir: Path, out_dir: Path) -> dict:
             for ref in REFS:
                 # AdamW vs Muon+Moonlight is Muon+Moonlight vs AdamW with the sign flipped: listed once.
                 if ref != name and ref in row.groups and not (name in REFS and REFS.index(name) < REFS.index(ref)):
-                    comparisons[(row.name, name, ref)] = compare(g.best.losses, row.groups[ref].best.losses)
+                    both = usable(g) and usable(row.groups[ref])
+                    comparisons[(row.name, name, ref)] = (
+                        compare(g.score.losses, row.groups[ref].score.losses) if both else None
+                    )
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = dict(
         runs_dir=runs_dir,
         runs=runs,
         rows=rows,
+        plan=plan,
+        pending=pending,
         points=points,
         fits=fits,
         efficiency=efficiency,
@@ -323,8 +384,11 @@ def build_report(runs_dir: Path, out_dir: Path) -> dict:
         paper=PAPER,
         resamples=BOOT_RESAMPLES,
     )
+    ctx["headline"] = analysis.headline(ctx)
+    ctx["downstream"] = sections.downstream_table(ctx)  # the table and its figure
+    ctx["figures"] = {}  # figure name -> the numbers it plots (summary.json)
     pngs = plots.write_all(ctx, out_dir)
     (out_dir / "report.md").write_text(markdown.render(ctx, pngs, fmt=_f, fmt_lr=_lr, provenance=_provenance))
     summary = markdown.summary_json(ctx)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out_dir / "summary.json").write_text(json.dumps(strict_json(summary), indent=1, default=str, allow_nan=False))
     return summary

@@ -1,4 +1,5 @@
-"""report.md and summary.json for launch.report (the numbers come from launch/report.py)."""
+"""report.md and summary.json for launch.report (the numbers come from launch/report/build.py and
+analysis.py; the top section is headline.py, the later detail sections are here and in sections.py)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from launch.report import headline, sections
+from launch.report.markdown_util import OPT_NAMES, opt_name, table
+from launch.report.series import usable
+from launch.report.stats import holm
 
-OPT_NAMES = {
-    "adamw": "AdamW",
-    "muon_moonlight": "Muon+Moonlight",
-    "orscale_lm": "OrScale-LM",
-    "muon": "Muon",
-    "orscale": "OrScale",
-    "cbp": "CBP",
-    "lamb": "LAMB",
-    "lars": "LARS",
-}
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+__all__ = ["OPT_NAMES", "render", "summary_json"]
 
 
 def _num(x: Any) -> Any:
@@ -29,7 +20,7 @@ def _num(x: Any) -> Any:
 
 
 def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, provenance: Callable) -> str:
-    rows, runs, root = ctx["rows"], ctx["runs"], ctx["runs_dir"]
+    runs, root = ctx["runs"], ctx["runs_dir"]
     n_fin = sum(r.finished for r in runs)
     out = [
         f"# Sweep report: `{root}`",
@@ -37,30 +28,45 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
         f"{len(runs)} run directories: {n_fin} finished, {len(runs) - n_fin} unfinished (listed at the end, "
         "never as numbers). Losses are the final validation cross-entropy (nats/token) of each run's last "
         "evaluation at `train.max_steps`. A row is one setting (model, steps × tokens per step, context and every "
-        "other option but optimizer, LR and seed); **best LR** = lowest mean final loss over seeds; a diverged "
-        "seed (null/NaN) disqualifies its LR. Provenance: each run directory, `@commit` from its run.log and "
-        "`cfg:` = first 8 hex digits of `sha256sum config.yaml`.",
+        "other option but optimizer, LR and seed); **best LR** = lowest final loss on the LR-selection seed "
+        "(with an LR search), else lowest mean over seeds; a diverged seed (null/NaN) disqualifies its LR. "
+        "Provenance: each run directory, `@commit` from its run.log and `cfg:` = first 8 hex digits of "
+        "`sha256sum config.yaml`.",
         "",
     ]
+    out += headline.render(ctx, pngs)
+    out += _paper_table(ctx, fmt, fmt_lr, provenance)
+    out += _significance(ctx, fmt)
+    out += _lr_sensitivity(ctx, pngs, fmt, fmt_lr)
+    out += _scaling(ctx, pngs, fmt)
+    out += sections.curves(ctx, pngs)
+    out += sections.downstream(ctx, pngs)
+    out += sections.hyperparameters(ctx)
+    out += sections.throughput(ctx, pngs)
+    out += sections.unfinished(runs, root)
+    return "\n".join(out)
 
-    # ---- the paper's table
-    out += ["## Final validation loss at the best learning rate", ""]
+
+def _paper_table(ctx: dict, fmt: Callable, fmt_lr: Callable, provenance: Callable) -> list[str]:
+    rows, runs, root = ctx["rows"], ctx["runs"], ctx["runs_dir"]
+    out = ["## Final validation loss at the best learning rate", ""]
     body = []
     for row in rows:
         ref = row.groups.get("adamw")
         for name, g in sorted(row.groups.items()):
-            b = g.best
+            b = g.score
             paper = ctx["paper"].get(row.paper_scale or "", {}).get(name)
-            gap = b.mean - ref.best.mean if ref is not None and name != "adamw" else None
+            gap = b.mean - ref.score.mean if usable(ref) and usable(g) and name != "adamw" else None
             tokens = sorted({r.final_tokens for r in b.runs})
             vtok = sorted({r.val_tokens for r in b.runs}, key=str)
+            loss = f"{fmt(b.mean)} ± {fmt(b.std)}" if len(b.runs) > 1 else fmt(b.mean)
             body.append(
                 [
                     row.label,
                     f"{row.steps} × {row.tokens_per_step:,}",
-                    OPT_NAMES.get(name, name),
-                    fmt_lr(b.lr),
-                    f"{fmt(b.mean)} ± {fmt(b.std)}" if len(b.runs) > 1 else fmt(b.mean),
+                    opt_name(name),
+                    fmt_lr(b.lr) + (f" ⚠ {g.edge} edge" if g.edge else ""),
+                    loss if g.status == "done" else f"*pending: {g.status}* (so far {loss})" if b.runs else "*pending*",
                     str(len(b.runs)),
                     ", ".join(f"{t:,}" for t in tokens),
                     ", ".join(f"{t:,}" if t else "?" for t in vtok),
@@ -69,26 +75,9 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
                     provenance(b.runs, root),
                 ]
             )
-    out += (
-        _table(
-            [
-                "scale",
-                "steps × tokens/step",
-                "optimizer",
-                "best LR",
-                "val loss (mean ± std)",
-                "seeds",
-                "tokens seen",
-                "val tokens",
-                "Δ vs AdamW",
-                "paper's number (SPEC §4, not ours)",
-                "runs (commit, config)",
-            ],
-            body,
-        )
-        if body
-        else ["No finished runs."]
-    )
+    header = ["scale", "steps × tokens/step", "optimizer", "best LR", "val loss (mean ± std)", "seeds"]
+    header += ["tokens seen", "val tokens", "Δ vs AdamW", "paper's number (SPEC §4, not ours)", "runs (commit, config)"]
+    out += table(header, body) if body else ["No finished runs."]
     commits = sorted({c for r in runs if r.finished for c in r.commits})
     if len(commits) > 1:
         out += [
@@ -107,28 +96,41 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
         "",
         "The *paper's number* column is the published one-seed result (SPEC §4), shown only where the row "
         "has the paper's preset, steps, tokens per step and context (configs/<scale>.yaml); it is never used "
-        "in any statistic here.",
+        "in any statistic here. Seeds: those scored (with an LR search, the evaluation seeds only).",
         "",
     ]
+    return out
 
-    # ---- significance
-    out += [
+
+def _significance(ctx: dict, fmt: Callable) -> list[str]:
+    comps = ctx["comparisons"]
+    keys = [k for k, c in comps.items() if c is not None and c.p is not None]
+    adjusted = dict(zip(keys, holm([comps[k].p for k in keys]), strict=True))
+    out = [
         "## Significance",
         "",
-        f"Δ = (optimizer − reference) mean final loss, each at its best LR; negative favours the optimizer. "
-        f"95% percentile bootstrap interval ({ctx['resamples']:,} resamples, RNG seed 0), resampling seed pairs "
-        "when both have the same seeds (else each group on its own); t-test paired by seed (else Welch).",
+        "Δ = (optimizer − reference) mean final loss, each at its best LR; negative favours the optimizer. "
+        "95% t-interval (mean ± t₀.₉₇₅,df·s/√n) of the seed-paired differences when both have the same seeds, "
+        "else Welch's interval; t-test paired by seed (else Welch). Not a percentile bootstrap: over 2–3 seeds it "
+        f"is too narrow. Holm-adjusted p over the {len(keys)} tests of this table beside the raw p.",
         "",
     ]
     body = []
-    for (row_name, name, ref), c in ctx["comparisons"].items():
-        label = f"{OPT_NAMES.get(name, name)} vs {OPT_NAMES.get(ref, ref)}"
+    groups = {(r.name, n): g for r in ctx["rows"] for n, g in r.groups.items()}
+    for (row_name, name, ref), c in comps.items():
+        label = f"{opt_name(name)} vs {opt_name(ref)}"
         if c is None:
-            body.append([row_name, label, "—", "—", "1 seed — no test", "—"])
+            a, b = groups[(row_name, name)], groups[(row_name, ref)]
+            if not (usable(a) and usable(b)):
+                why = "pending" if a.status != "done" or b.status != "done" else "diverged"
+                body.append([row_name, label, "—", "—", why, "—", "—", ""])
+            else:
+                body.append([row_name, label, "—", "—", "1 seed — no test", "—", "—", ""])
             continue
         p = "undefined (zero variance)" if c.p is None else f"{c.p:.3g}"
+        adj = adjusted.get((row_name, name, ref))
         test = (
-            f"paired t (n={c.n}, t={c.t:.3g})"
+            f"paired t (n={c.n}, t={c.t:.3g}, df={c.df:.3g})"
             if c.paired and c.t is not None
             else f"Welch t (df={c.df:.3g})"
             if c.t is not None
@@ -142,25 +144,35 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
                 f"[{fmt(c.ci[0], sign=True)}, {fmt(c.ci[1], sign=True)}]",
                 test,
                 p,
+                "—" if adj is None else f"{adj:.3g}",
+                "within seed noise" if c.within_noise else "",
             ]
         )
-    out += _table(["row", "comparison", "Δ", "95% CI", "test", "p"], body) if body else ["No comparisons."]
-    out += [""]
+    header = ["row", "comparison", "Δ", "95% CI", "test", "p", "Holm p", "note"]
+    return out + (table(header, body) if body else ["No comparisons."]) + [""]
 
-    # ---- LR sensitivity
-    out += ["## Learning-rate sensitivity", "", "Mean final val loss over seeds (seed count); **bold** = best.", ""]
-    for row in rows:
+
+def _lr_sensitivity(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable) -> list[str]:
+    out = [
+        "## Learning-rate sensitivity",
+        "",
+        "Final val loss per LR: on the LR-selection seed (with an LR search: the only seed run at every LR), else "
+        "the mean over seeds; (runs at that LR). **Bold** = best.",
+        "",
+    ]
+    for row in ctx["rows"]:
         lrs = sorted({lr for g in row.groups.values() for lr in g.cells})
+        if all(len(g.cells) < 2 for g in row.groups.values()) and any(g.fixed_lr for g in row.groups.values()):
+            continue  # a budget run at another scale's best LR (lr_from): no LR to compare
         body = []
         for name, g in sorted(row.groups.items()):
-            cells = [
-                ("**" if lr == g.best.lr else "")
-                + f"{fmt(g.cells[lr].mean)} ({len(g.cells[lr].runs)})"
-                + ("**" if lr == g.best.lr else "")
-                if lr in g.cells
-                else "—"
-                for lr in lrs
-            ]
+            cells = []
+            for lr in lrs:
+                if lr not in g.cells:
+                    cells.append("—")
+                    continue
+                text = f"{fmt(g.selection_loss(lr))} ({len(g.cells[lr].runs)})"
+                cells.append(f"**{text}**" if lr == g.best.lr else text)
             note = (
                 "one LR only"
                 if len(g.cells) == 1
@@ -168,55 +180,37 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
                 if g.edge
                 else "interior optimum"
             )
-            body.append([OPT_NAMES.get(name, name), *cells, note])
-        out += [f"### {row.name}", ""] + _table(["optimizer", *[f"lr {fmt_lr(lr)}" for lr in lrs], "note"], body) + [""]
+            if g.status != "done":
+                note = f"{note}; {g.status}"
+            body.append([opt_name(name), *cells, note])
+        out += [f"### {row.name}", ""] + table(["optimizer", *[f"lr {fmt_lr(lr)}" for lr in lrs], "note"], body)
+        out += [""]
     out += [f"![loss vs LR]({pngs['lr']})", ""]
+    return out
 
-    # ---- scaling
-    out += [
+
+def _scaling(ctx: dict, pngs: dict[str, str], fmt: Callable) -> list[str]:
+    out = [
         "## Scaling",
         "",
         "L(N) = E + A·N^(−α) per optimizer over the scales of a row family (N = non-embedding "
-        "parameters; each scale's largest token budget, best LR). Fit: grid over α in [0.005, 3], least squares "
-        "for E ≥ 0 and A ≥ 0.",
+        "parameters; the token budget most scales share, best LR, scored seeds). Fit: grid over α in "
+        "[0.005, 3], least squares for E ≥ 0 and A ≥ 0; intervals in the headline's section 4.",
         "",
     ]
     body = []
     for (family, name), pts in sorted(ctx["points"].items()):
         fit = ctx["fits"].get((family, name))
         where = ", ".join(f"{n:.3g}" for n, _, _ in pts)
+        head = [family, opt_name(name), str(len(pts)), where]
         if fit is None:
-            body.append(
-                [
-                    family,
-                    OPT_NAMES.get(name, name),
-                    str(len(pts)),
-                    where,
-                    f"too few scales for a fit ({len({n for n, _, _ in pts})} < 3)",
-                    "—",
-                    "—",
-                    "—",
-                ]
-            )
+            body.append(head + [f"too few scales for a fit ({len({n for n, _, _ in pts})} < 3)", "—", "—", "—"])
         else:
-            body.append(
-                [
-                    family,
-                    OPT_NAMES.get(name, name),
-                    str(len(pts)),
-                    where,
-                    f"{fit.E:.4f}",
-                    f"{fit.A:.4g}",
-                    f"{fit.alpha:.4f}" + (" (edge of the α range: unreliable)" if fit.at_edge else ""),
-                    f"{fit.rmse:.2g}",
-                ]
-            )
-    out += (
-        _table(["family (settings hash)", "optimizer", "scales", "N", "E", "A", "α", "rmse"], body)
-        if body
-        else ["No points."]
-    )
-    out += ["", f"![final loss vs parameters]({pngs['params']})", "", "### Data efficiency against AdamW", ""]
+            alpha = f"{fit.alpha:.4f}" + (" (edge of the α range: unreliable)" if fit.at_edge else "")
+            body.append(head + [f"{fit.E:.4f}", f"{fit.A:.4g}", alpha, f"{fit.rmse:.2g}"])
+    header = ["family (settings hash)", "optimizer", "scales", "N", "E", "A", "α", "rmse"]
+    out += table(header, body) if body else ["No points."]
+    out += ["", "### Data efficiency against AdamW", ""]
     if not ctx["efficiency"]:
         out += ["No scale has AdamW runs at several token budgets: no L(D) fit, no data-efficiency multiplier.", ""]
     for e in ctx["efficiency"]:
@@ -227,84 +221,17 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
         out += [
             f"{e['scale']}: AdamW L(D) = {fit.E:.4f} + {fit.A:.4g}·D^(−{fit.alpha:.4f}) over "
             f"{len(e['adamw_budgets'])} budgets. Multiplier = D_AdamW(loss) / D_opt (> 1: fewer tokens than "
-            "AdamW for the same loss).",
+            "AdamW for the same loss); intervals in the headline's section 2.",
             "",
         ]
-        out += _table(
-            ["optimizer", "tokens", "loss", "multiplier"],
-            [
-                [
-                    OPT_NAMES.get(n, n),
-                    f"{d:,}",
-                    fmt(loss),
-                    "beyond AdamW's asymptote" if not math.isfinite(m) else f"{m:.3f}",
-                ]
-                for n, d, loss, m in e["rows"]
-            ],
-        ) + [""]
-
-    # ---- curves, diagnostics, throughput
-    out += [
-        "## Curves",
-        "",
-        f"![val loss vs tokens]({pngs['curves']})",
-        "",
-        f"![trust ratio and clip fraction]({pngs['diag']})",
-        "",
-        "## Throughput",
-        "",
-    ]
-    body = []
-    for row in rows:
-        for name, g in sorted(row.groups.items()):
-            rr = [r for c in g.cells.values() for r in c.runs]
-            tps = [x["tokens_per_s"] for r in rr for x in r.train if _num(x.get("tokens_per_s"))]
-            mfu = [x["mfu"] for r in rr for x in r.train if _num(x.get("mfu"))]
-            mem = [x["peak_mem_gib"] for r in rr for x in r.train if _num(x.get("peak_mem_gib"))]
-            wait = [x["data_wait_frac"] for r in rr for x in r.train if _num(x.get("data_wait_frac"))]
-            body.append(
-                [
-                    row.name,
-                    OPT_NAMES.get(name, name),
-                    str(len(rr)),
-                    f"{np.median(tps):,.0f}" if tps else "—",
-                    f"{np.median(mfu):.3f}" if mfu else "n/a",
-                    f"{max(mem):.2f}" if mem else "n/a",
-                    f"{np.median(wait):.3f}" if wait else "n/a",
-                ]
-            )
-    out += (
-        _table(["row", "optimizer", "runs", "median tokens/s", "median MFU", "peak mem GiB", "data wait"], body)
-        if body
-        else []
-    )
-    out += [
-        "",
-        "Medians over ~64 evenly spaced logged steps per run, all LRs and seeds of the row; MFU and "
-        "memory are n/a where the logs do not carry them (MFU is null on CPU).",
-    ]
-    out += ["", f"![tokens/s and MFU per run]({pngs['throughput']})", ""]
-
-    # ---- unfinished
-    bad = [r for r in runs if not r.finished or r.bad_lines]
-    out += ["## Unfinished runs", ""]
-    if not bad:
-        out += ["None.", ""]
-    else:
-        out += _table(
-            ["run directory", "optimizer", "LR", "seed", "state"],
-            [
-                [
-                    f"`{r.path.relative_to(root)}`",
-                    str(r.cfg("optim.name", "?")),
-                    str(r.cfg("optim.lr", "?")),
-                    str(r.cfg("train.seed", "?")),
-                    (r.problem or "finished") + (f"; {r.bad_lines} unreadable line(s)" if r.bad_lines else ""),
-                ]
-                for r in bad
-            ],
-        ) + [""]
-    return "\n".join(out)
+        body = [
+            [opt_name(n), f"{d:,}", fmt(loss), "beyond AdamW's asymptote" if not math.isfinite(m) else f"{m:.3f}"]
+            for n, d, loss, m in e["rows"]
+        ]
+        out += table(["optimizer", "tokens", "loss", "multiplier"], body) + [""]
+    if "efficiency" in pngs:
+        out += [f"![AdamW L(D) and the other optimizers' budgets]({pngs['efficiency']})", ""]
+    return out
 
 
 def summary_json(ctx: dict) -> dict:
@@ -314,23 +241,30 @@ def summary_json(ctx: dict) -> dict:
     for row in ctx["rows"]:
         groups = {}
         for name, g in row.groups.items():
+            s = g.score
             groups[name] = {
                 "best_lr": g.best.lr,
-                "mean": _num(g.best.mean),
-                "std": _num(g.best.std),
-                "seeds": sorted(g.best.losses),
+                "mean": _num(s.mean),
+                "std": _num(s.std),
+                "seeds": sorted(s.losses),
                 "edge": g.edge,
-                "runs": [str(r.path.relative_to(root)) for r in g.best.runs],
+                "status": g.status,
+                "select_seed": g.select_seed,
+                "sweep_id": g.sweep_id,
+                "runs": [str(r.path.relative_to(root)) for r in s.runs],
                 "by_lr": {str(lr): {"mean": _num(c.mean), "n": len(c.runs)} for lr, c in g.cells.items()},
             }
         rows.append(
             {
                 "name": row.name,
                 "label": row.label,
+                "scale": row.sweep_scale,
                 "steps": row.steps,
                 "tokens_per_step": row.tokens_per_step,
+                "tokens": row.tokens,
                 "non_embedding_params": row.n_params,
                 "params": row.n_total,
+                "flops_per_token": row.flops_per_token,
                 "paper_scale": row.paper_scale,
                 "family": row.family,
                 "groups": groups,
@@ -342,15 +276,30 @@ def summary_json(ctx: dict) -> dict:
     }
     comps = {
         f"{r}|{a}|{b}": (
-            None if c is None else {"diff": c.diff, "ci": list(c.ci), "p": c.p, "t": c.t, "paired": c.paired, "n": c.n}
+            None
+            if c is None
+            else {
+                "diff": c.diff,
+                "ci": list(c.ci),
+                "ci_method": c.ci_method,
+                "p": c.p,
+                "t": c.t,
+                "df": c.df,
+                "paired": c.paired,
+                "n": c.n,
+            }
         )
         for (r, a, b), c in ctx["comparisons"].items()
     }
     return {
         "n_runs": len(ctx["runs"]),
         "n_finished": sum(r.finished for r in ctx["runs"]),
+        "selection": "search seed" if ctx["plan"] and ctx["plan"].get("lr_search") else "same seeds",
         "rows": rows,
         "fits": fits,
         "comparisons": comps,
+        "headline": sections.headline_json(ctx),
+        "figures": ctx["figures"],
+        "pending": {p.sweep_id: p.status for p in ctx["pending"]},
         "unfinished": {str(r.path.relative_to(root)): r.problem for r in ctx["runs"] if not r.finished},
     }

@@ -1,18 +1,25 @@
-"""The report's figures (matplotlib, Agg backend: no display needed). One figure per kind, few points
-each, so 200 runs plot in a couple of seconds. Every figure is always written (with a note when
-there is nothing to show), so a report directory has a fixed set of files."""
+"""The report's figures (matplotlib's Figure + Agg canvas: no pyplot, no display). Colours are fixed
+per optimizer in every figure; scales are shades of it (lighter = smaller) with their own markers.
+The five core files are always written (with a note when there is nothing to show) so a report
+directory has a fixed set; the others only when they have data. Each figure's numbers go to
+summary.json under "figures" (ctx["figures"][kind])."""
 
 from __future__ import annotations
 
 import math
+import textwrap
+import zlib
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib import colors as mcolors
+from matplotlib import ticker
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice)
-import numpy as np  # noqa: E402
-from matplotlib import ticker  # noqa: E402
+from launch.report.markdown_util import human, opt_name
+from launch.report.series import usable
 
 FILES = {
     "curves": "val_loss_vs_tokens.png",
@@ -21,206 +28,339 @@ FILES = {
     "diag": "muon_diagnostics.png",
     "throughput": "throughput.png",
 }
-COLORS = {"adamw": "tab:blue", "muon_moonlight": "tab:orange", "orscale_lm": "tab:green"}
+EXTRA = {
+    "flops": "val_loss_vs_flops.png",
+    "diag_scales": "muon_diagnostics_vs_params.png",
+    "downstream": "accuracy_vs_val_loss.png",
+    "efficiency": "data_efficiency.png",
+}
+COLORS = {"adamw": "#1f77b4", "muon_moonlight": "#ff7f0e", "orscale_lm": "#2ca02c"}
+_OTHER = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+MARKERS = "osD^vP*Xh"
+LOSS = "val loss (nats/token)"
 
 
-def _color(name: str, i: int) -> str:
-    return COLORS.get(name.split("#")[0], f"C{(i + 3) % 10}")
+def color(name: str) -> str:
+    """An optimizer's colour: fixed for the three compared, stable (name-hashed) for the others."""
+    base = name.split("#")[0]
+    return COLORS.get(base) or _OTHER[zlib.crc32(name.encode()) % len(_OTHER)]
 
 
-def _grid(n: int, w: float = 4.2, h: float = 3.2) -> tuple:
-    cols = min(3, max(n, 1))
+def shade(name: str, k: int, n: int) -> tuple:
+    """The k-th of n scales in the optimizer's colour: the smallest lightest, the largest full."""
+    rgb = np.array(mcolors.to_rgb(color(name)))
+    t = 0.0 if n <= 1 else 0.45 * (1 - k / (n - 1))  # the lightest stays readable on white
+    return tuple(rgb + (1 - rgb) * t)
+
+
+def figure(n: int, w: float = 4.6, h: float = 3.4, cols: int = 3) -> tuple[Figure, list]:
+    cols = min(cols, max(n, 1))
     rows = max(1, math.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat)
+    fig = Figure(figsize=(w * cols, h * rows))
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(max(n, 1))]
+    return fig, axes
 
 
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10)
+def empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, wrap=True)
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def _save(fig, path: Path) -> None:
-    # Fixed margins (in inches, so they suit any grid) rather than tight_layout, whose text-extent
-    # passes cost more than the drawing itself.
+def save(
+    fig: Figure,
+    path: Path,
+    title: str | None = None,
+    right: float = 0.2,
+    bottom: float = 0.6,
+    dpi: int = 90,
+    top: float | None = None,
+) -> None:
+    """Fixed margins in inches (so they suit any grid) rather than tight_layout, whose text-extent
+    passes cost more than the drawing itself; `right`/`bottom` make room for an outside legend."""
     w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=0.8 / w, right=1 - 0.2 / w, bottom=0.6 / h, top=1 - 0.35 / h, wspace=0.35, hspace=0.6)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    lines = textwrap.wrap(title, max(30, int(w * 10))) if title else []  # ~10 characters per inch at 11 pt
+    title = "\n".join(lines)
+    top = top if top is not None else 0.35 + 0.2 * len(lines) if title else 0.3
+    fig.subplots_adjust(left=0.85 / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=0.32, hspace=0.5)
+    if title:
+        fig.suptitle(title, fontsize=11, y=1 - 0.12 / h, va="top")
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=dpi)
 
 
-def plot_curves(rows: list, path: Path) -> None:
-    """Val loss against tokens per row: mean over seeds at the best LR, band = min..max over seeds."""
-    fig, axes = _grid(len(rows))
-    for ax, row in zip(axes, rows, strict=False):
-        for i, (name, g) in enumerate(sorted(row.groups.items())):
-            curves = [{ev["step"]: (ev.get("tokens"), ev.get("val_loss")) for ev in r.evals} for r in g.best.runs]
-            steps = sorted(set.intersection(*[set(c) for c in curves]))
-            if not steps:
-                continue
-            x = np.array([curves[0][s][0] or 0 for s in steps], float)
-            y = np.array(
-                [[c[s][1] if isinstance(c[s][1], (int, float)) else np.nan for s in steps] for c in curves], float
-            )
-            ax.plot(
-                x,
-                np.nanmean(y, 0) if np.isfinite(y).any() else y[0],
-                marker=".",
-                color=_color(name, i),
-                label=f"{name} lr {g.best.lr:.3g}",
-            )
-            if len(curves) > 1:
-                ax.fill_between(x, np.nanmin(y, 0), np.nanmax(y, 0), color=_color(name, i), alpha=0.2)
-        ax.set_title(row.name, fontsize=9)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("val loss")
-        ax.legend(fontsize=7)
-    if not rows:
-        _empty(axes[0], "no finished runs")
-    _save(fig, path)
+def log_axis(axis: Any) -> None:
+    """A log axis labelled at 1, 2 and 5 × each decade as plain numbers (a range shorter than a
+    decade still gets labels), no minor labels: the default ones on a short range are most of the
+    drawing time and crowd the panel."""
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}".replace("e+", "e")))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
-def plot_params(points: dict, fits: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for i, ((family, name), pts) in enumerate(sorted(points.items())):
-        n = np.array([p[0] for p in pts])
-        l_ = np.array([p[1] for p in pts])
-        ax.plot(n, l_, "o", color=_color(name, i), label=f"{name} ({family})")
-        fit = fits.get((family, name))
-        if fit is not None:
-            xs = np.geomspace(n.min() / 1.5, n.max() * 1.5, 50)
-            ax.plot(xs, fit(xs), "-", color=_color(name, i), alpha=0.7, label=f"fit E={fit.E:.3f} α={fit.alpha:.3f}")
-    if points:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        # Losses span far less than a decade: plain numbers at evenly spaced ticks, not 10^x labels.
-        ax.yaxis.set_major_locator(ticker.MaxNLocator(6))
-        ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-        ax.yaxis.set_minor_locator(ticker.NullLocator())
-        ax.set_xlabel("non-embedding parameters N")
-        ax.set_ylabel("final val loss (best LR)")
-        ax.legend(fontsize=7)
-        if not any(f is not None for f in fits.values()):
-            ax.set_title("too few scales for a fit (< 3)", fontsize=9)
-    else:
-        _empty(ax, "no finished runs with a parameter count")
-    _save(fig, path)
+def n_axis(ax: Any, ns: list[float]) -> None:
+    """A log x axis of parameter counts, ticked at the scales plotted (a few scales within one or
+    two decades would otherwise get one or two labels)."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.FixedLocator(sorted(set(ns))))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: human(v)))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    lo, hi = min(ns), max(ns)
+    ax.set_xlim(lo / 1.25, hi * 1.25)
 
 
-def plot_lr(rows: list, path: Path) -> None:
-    fig, axes = _grid(len(rows))
-    for ax, row in zip(axes, rows, strict=False):
-        for i, (name, g) in enumerate(sorted(row.groups.items())):
-            lrs = sorted(g.cells)
-            means = [g.cells[lr].mean for lr in lrs]
-            errs = [g.cells[lr].std if math.isfinite(g.cells[lr].std) else 0.0 for lr in lrs]
-            ax.errorbar(lrs, means, yerr=errs, marker="o", capsize=3, color=_color(name, i), label=name)
-            if math.isfinite(g.best.mean):
-                ax.plot([g.best.lr], [g.best.mean], "*", ms=12, color=_color(name, i))
-        ax.set_xscale("log")
-        ax.set_title(row.name, fontsize=9)
-        ax.set_xlabel("peak LR")
-        ax.set_ylabel("final val loss")
-        ax.legend(fontsize=7)
-    if not rows:
-        _empty(axes[0], "no finished runs")
-    _save(fig, path)
+def plain_log_y(ax: Any) -> None:
+    """Losses span far less than a decade: plain numbers at evenly spaced ticks, not 10^x labels."""
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(6))
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
 
 
-def plot_diag(rows: list, path: Path) -> None:
-    """Trust ratio and cumulative r_max clip fraction over steps, Muon family at the best LR."""
-    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(11, 4))
-    drawn = 0
-    for row in rows:
+def eval_curve(runs: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """(tokens, [seeds, points] val loss) on the steps every run evaluated."""
+    curves = [{ev["step"]: (ev.get("tokens"), ev.get("val_loss")) for ev in r.evals} for r in runs]
+    if not curves:
+        return None
+    steps = sorted(set.intersection(*[set(c) for c in curves]))
+    if not steps:
+        return None
+    x = np.array([curves[0][s][0] or 0 for s in steps], float)
+    y = np.array([[c[s][1] if isinstance(c[s][1], (int, float)) else np.nan for s in steps] for c in curves], float)
+    return x, y
+
+
+def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
+    """Cut the y axis at the highest loss after the first 15% of training, so the end (where the
+    optimizers differ) is readable; True when something was cut."""
+    late = [y[:, x >= 0.15 * x.max()] for x, y in zip(xs, ys, strict=True) if x.size and np.isfinite(y).any()]
+    vals = np.concatenate([v.ravel() for v in late]) if late else np.array([])
+    vals = vals[np.isfinite(vals)]
+    if not vals.size:
+        return False
+    lo, hi = float(vals.min()), float(vals.max())
+    pad = 0.05 * (hi - lo or 0.1)
+    ax.set_ylim(lo - pad, hi + pad)
+    return True
+
+
+def plot_curves(ctx: dict, rows: list, path: Path) -> None:
+    """Val loss against tokens per row, mean over the scored seeds at the best LR, min–max band."""
+    drawable = [r for r in rows if any(g.score.runs and g.status == "done" for g in r.groups.values())]
+    fig, axes = figure(len(drawable), w=5.4, h=4.0)
+    src = []
+    for ax, row in zip(axes, drawable, strict=False):
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: human(v)))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
+        xs, ys = [], []
         for name, g in sorted(row.groups.items()):
-            run = g.best.runs[0]
-            pts = [
-                (x["step"], x.get("diag/all/r"), x.get("diag/all/cum_frac_rmax"))
-                for x in run.train
-                if "diag/all/r" in x
-            ]
-            if not pts:
+            cur = eval_curve(g.score.runs) if g.status == "done" else None
+            if cur is None:
                 continue
-            steps = [p[0] for p in pts]
-            r = [p[1] if isinstance(p[1], (int, float)) else np.nan for p in pts]
-            c = [p[2] if isinstance(p[2], (int, float)) else np.nan for p in pts]
-            label = f"{row.label} {name}"
-            ax_r.plot(steps, r, label=label, lw=1)
-            ax_c.plot(steps, c, label=label, lw=1)
-            drawn += 1
-    if drawn:
-        ax_r.set_title("trust ratio diag/all/r (first seed, best LR)", fontsize=9)
-        ax_c.set_title("clip fraction diag/all/cum_frac_rmax", fontsize=9)
-        for ax in (ax_r, ax_c):
-            ax.set_xlabel("step")
-            ax.legend(fontsize=6)
-    else:
-        _empty(ax_r, "no Muon-family diagnostics (diag/all/r) in the logs")
-        _empty(ax_c, "no diag/all/cum_frac_rmax in the logs")
-    _save(fig, path)
+            x, y = cur
+            n = y.shape[0]
+            mean = np.nanmean(y, 0) if np.isfinite(y).any() else y[0]
+            ax.plot(x, mean, marker=".", color=color(name), label=f"{opt_name(name)}, LR {g.best.lr:.3g}, {n} seeds")
+            if n > 1:
+                ax.fill_between(x, np.nanmin(y, 0), np.nanmax(y, 0), color=color(name), alpha=0.2, lw=0)
+            xs.append(x)
+            ys.append(y)
+            src.append({"row": row.short, "optim": name, "lr": g.best.lr, "tokens": x.tolist(), "mean": mean.tolist()})
+        cut = clip_top(ax, ys, xs)
+        title = f"{row.short}: L{row.n_layer} d{row.d_model}, {row.steps} steps × {row.tokens_per_step:,} tokens"
+        ax.set_title(title + ("\n(y axis cut: the early losses are off the top)" if cut else ""), fontsize=9)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(LOSS)
+        ax.fill_between([], [], [], color="grey", alpha=0.2, label="band: min–max over seeds")
+        ax.legend(fontsize=7, loc="upper right")
+    if not drawable:
+        empty(axes[0], "no group with final numbers yet")
+    ctx["figures"]["val_loss_vs_tokens"] = src
+    save(fig, path, "Validation loss during training at each optimizer's best LR")
 
 
-def plot_throughput(runs: list, root: Path, path: Path) -> None:
-    """Median tokens/s and MFU per run (sampled training lines; MFU is null on CPU). Up to 40 runs
-    each bar is labelled; beyond that, bars are labelled by their parent directory (scale/optimizer),
-    since 200 rotated labels are both unreadable and most of the plotting time."""
-    items = []
-    for r in sorted(runs, key=lambda r: str(r.path)):
-        tps = [
-            x["tokens_per_s"]
-            for x in r.train
-            if isinstance(x.get("tokens_per_s"), (int, float)) and math.isfinite(x["tokens_per_s"])
+def plot_params(ctx: dict, path: Path) -> None:
+    """(a) final loss against N with the L(N) fits and their 95% bands; (b) the gap to AdamW."""
+    from launch.report.analysis import ordered_rows, seed_interval
+
+    sc = ctx["headline"]["scaling"]
+    fig, axes = figure(2, w=5.6, h=4.2, cols=2)
+    ax, ax_gap = axes
+    series = [r for r in ordered_rows(ctx["rows"]) if r.short in sc["series"]]
+    src: dict[str, Any] = {"points": [], "fits": {}, "gaps": []}
+    drawn = False
+    names = sorted({n for r in series for n in r.groups})
+    all_n: list[float] = []
+    for j, name in enumerate(names):
+        dodge = 1.03 ** (j - (len(names) - 1) / 2)  # side by side at each N, not on top of each other
+        pts = [
+            (r.n_params, seed_interval(r.groups[name]), r.groups[name].score.mean)
+            for r in series
+            if r.n_params and usable(r.groups.get(name))
         ]
-        mfu = [x["mfu"] for x in r.train if isinstance(x.get("mfu"), (int, float)) and math.isfinite(x["mfu"])]
-        if tps:
-            rel = r.path.relative_to(root)
-            items.append((str(rel), str(rel.parent), float(np.median(tps)), float(np.median(mfu)) if mfu else None))
-    n = max(len(items), 1)
-    per_run = n <= 40
-    if per_run:
-        ticks, labels = list(range(len(items))), [i[0] for i in items]
+        if not pts:
+            continue
+        n = np.array([p[0] for p in pts], float)
+        all_n += n.tolist()
+        m = np.array([p[2] for p in pts])
+        err = np.array([[m[i] - p[1][1], p[1][2] - m[i]] if p[1] else [0.0, 0.0] for i, p in enumerate(pts)]).T
+        e = sc["fits"].get(name, {})
+        label = opt_name(name)
+        if "fit" in e:
+            f = e["fit"]
+            label += f": E={f.E:.3f}, α={f.alpha:.2f}"
+            xs = np.geomspace(n.min() / 1.3, n.max() * 1.3, 60)
+            E, A, al = e["draws"]
+            band = E[:, None] + A[:, None] * xs[None, :] ** -al[:, None]
+            ax.plot(xs, f(xs), "-", color=color(name), alpha=0.8)
+            ax.fill_between(xs, *np.percentile(band, [2.5, 97.5], axis=0), color=color(name), alpha=0.15, lw=0)
+            src["fits"][name] = {"E": f.E, "A": f.A, "alpha": f.alpha}
+        ax.errorbar(n * dodge, m, yerr=err, fmt="o", capsize=3, color=color(name), label=label)
+        src["points"] += [{"optim": name, "N": float(a), "mean": float(b)} for a, b in zip(n, m, strict=True)]
+        drawn = True
+    if drawn:
+        ax.set_yscale("log")
+        plain_log_y(ax)
+        n_axis(ax, all_n)
+        ax.set_xlabel("non-embedding parameters N")
+        ax.set_ylabel("final " + LOSS)
+        ax.set_title("Final loss at the best LR; lines: L(N) fits, shading: their 95% band", fontsize=9)
+        ax.errorbar([], [], yerr=[], fmt="o", color="grey", label="bars: 95% t-interval over seeds")
+        ax.legend(fontsize=7, loc="upper right")
     else:
-        groups: dict[str, list[int]] = {}
-        for k, i in enumerate(items):
-            groups.setdefault(i[1], []).append(k)
-        ticks, labels = [float(np.mean(v)) for v in groups.values()], list(groups)
-    group_ids = {g: k for k, g in enumerate(dict.fromkeys(i[1] for i in items))}
-    colors = [f"C{group_ids[i[1]] % 10}" for i in items]
-    longest = max((len(t) for t in labels), default=10)
-    fontsize = 7 if per_run or len(labels) <= 60 else 5
-    label_in = longest * fontsize * 0.6 / 72 + 0.3
-    height = 6 + label_in
-    fig, (ax_t, ax_m) = plt.subplots(
-        2, 1, figsize=(min(30, max(6, 0.25 * len(labels) + 0.02 * n + 3)), height), sharex=True
-    )
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.96, bottom=label_in / height, hspace=0.15)
-    if items:
-        x = np.arange(len(items))
-        ax_t.bar(x, [i[2] for i in items], color=colors)
-        ax_t.set_ylabel("tokens/s (median)")
-        if any(i[3] is not None for i in items):
-            ax_m.bar(x, [i[3] or 0.0 for i in items], color=colors)
-            ax_m.set_ylabel("MFU (median)")
-        else:
-            ax_m.text(0.5, 0.5, "MFU not logged (null on CPU)", ha="center", va="center", transform=ax_m.transAxes)
-            ax_m.set_yticks([])
-        ax_m.set_xticks(ticks)
-        ax_m.set_xticklabels(labels, rotation=90, fontsize=fontsize)
+        empty(ax, "no scale with final numbers yet")
+    gaps = sc["gaps"]
+    for j, ((a, b), gp) in enumerate(gaps.items()):
+        if b != "adamw":
+            continue
+        lo = [d - c[0] for d, c in zip(gp["diff"], gp["ci"], strict=True)]
+        hi = [c[1] - d for d, c in zip(gp["diff"], gp["ci"], strict=True)]
+        ax_gap.errorbar(
+            np.array(gp["N"]) * 1.03 ** (j - 0.5),
+            gp["diff"],
+            yerr=[lo, hi],
+            fmt="o-",
+            capsize=3,
+            color=color(a),
+            label=f"{opt_name(a)} − AdamW",
+        )
+        src["gaps"].append({"optim": a, "ref": b, "N": gp["N"], "diff": gp["diff"], "ci": gp["ci"]})
+    if src["gaps"]:
+        ax_gap.axhline(0, color="black", lw=0.8)
+        n_axis(ax_gap, [n for g in src["gaps"] for n in g["N"]])
+        ax_gap.set_xlabel("non-embedding parameters N")
+        ax_gap.set_ylabel("Δ final val loss vs AdamW (nats/token)")
+        ax_gap.set_title("Gap to AdamW per scale (95% t-interval, paired seeds)", fontsize=9)
+        ax_gap.legend(fontsize=7, loc="best")
     else:
-        _empty(ax_t, "no training lines")
-        _empty(ax_m, "no training lines")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        fig.delaxes(ax_gap)
+    ctx["figures"]["loss_vs_params"] = src
+    save(fig, path, "Scaling with model size")
+
+
+def plot_lr(ctx: dict, path: Path) -> None:
+    """One panel per optimizer: final loss against LR, one curve per width; then best LR vs width."""
+    t = ctx["headline"]["transfer"]
+    names = sorted(t["points"], key=lambda n: (n not in COLORS, list(COLORS).index(n) if n in COLORS else 0, n))
+    # The best-LR-against-width panel only once some optimizer has two widths (else one dot per colour).
+    transfer = any(len({p["d_model"] for p in t["points"][n]}) >= 2 for n in names)
+    fig, axes = figure(len(names) + int(transfer), w=5.4, h=4.2, cols=2)
+    src = []
+    for ax, name in zip(axes, names, strict=False):
+        pts = sorted(t["points"][name], key=lambda p: p["d_model"])
+        for k, p in enumerate(pts):
+            c = shade(name, k, len(pts))
+            ax.plot(
+                p["lrs"],
+                p["losses"],
+                marker=MARKERS[k % len(MARKERS)],
+                color=c,
+                ms=4,
+                label=f"d={p['d_model']} ({p['scale']})",
+            )
+            i = p["lrs"].index(p["best_lr"])
+            ax.plot([p["best_lr"]], [p["losses"][i]], "*", ms=13, color=c, mec="black", mew=0.6)
+            src.append({"optim": name, **{k2: p[k2] for k2 in ("scale", "d_model", "lrs", "losses", "best_lr")}})
+        ax.plot([], [], "*", ms=11, color="white", mec="black", label="★ best LR")
+        ax.set_xscale("log")
+        log_axis(ax.xaxis)
+        ax.set_xlabel("peak LR")
+        ax.set_ylabel("final " + LOSS + f" ({pts[0]['selection']})" if pts else LOSS)
+        cut = _fit_finite_ylim(ax, [p["losses"] for p in pts])
+        ax.set_title(
+            opt_name(name) + (" (axis cut: the worst LRs are off the top)" if cut else ""),
+            fontsize=9,
+            color=color(name),
+        )
+        ax.legend(fontsize=7, loc="best")
+    if transfer:
+        ax = axes[len(names)]
+        for name in names:
+            pts = sorted(t["points"][name], key=lambda p: p["d_model"])
+            d = np.array([p["d_model"] for p in pts], float)
+            lr = np.array([p["vertex_lr"] or p["best_lr"] for p in pts])
+            s = t["fits"][name]["slope"]
+            lab = opt_name(name) + ("" if s is None else f": slope {s.slope:+.2f}")
+            edge = np.array([bool(p["edge"]) for p in pts])
+            ax.plot(d[~edge], lr[~edge], "o", color=color(name), label=lab)
+            if edge.any():  # a grid-edge optimum is a bound, not an estimate: drawn open
+                ax.plot(
+                    d[edge], lr[edge], "o", mfc="none", color=color(name), label=f"{opt_name(name)}: at a grid edge"
+                )
+            if s is not None:
+                ax.plot(d, 2 ** (s.intercept + s.slope * np.log2(d)), "-", color=color(name), alpha=0.7)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        widths = sorted({p["d_model"] for pts in t["points"].values() for p in pts})
+        ax.xaxis.set_major_locator(ticker.FixedLocator(widths))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        log_axis(ax.yaxis)
+        ax.set_xlabel("width d_model")
+        ax.set_ylabel("best peak LR (parabola optimum, else grid best)")
+        ax.set_title("LR transfer: best LR against width", fontsize=10)
+        ax.legend(fontsize=7, loc="best")
+    if not names:
+        empty(axes[0], "no finished LR search yet")
+    ctx["figures"]["loss_vs_lr"] = src
+    save(fig, path, "Final validation loss against peak LR, per width")
+
+
+def _fit_finite_ylim(ax: Any, curves: list[list[float]]) -> bool:
+    """Keep the axis on the finite losses near the optima (a diverged or far-off LR would squash the
+    rest): up to the 90th percentile. True when some point is off the top."""
+    vals = np.array([v for c in curves for v in c if isinstance(v, (int, float)) and math.isfinite(v)])
+    if not vals.size:
+        return False
+    lo, hi = float(vals.min()), float(np.percentile(vals, 90))
+    pad = 0.08 * (hi - lo or 0.1)
+    ax.set_ylim(lo - pad, hi + pad)
+    return bool(np.any(vals > hi + pad)) or len(vals) < sum(len(c) for c in curves)
 
 
 def write_all(ctx: dict, out_dir: Path) -> dict[str, str]:
     """Write every figure; returns kind -> file name (relative to out_dir, for report.md)."""
-    plot_curves(ctx["rows"], out_dir / FILES["curves"])
-    plot_params(ctx["points"], ctx["fits"], out_dir / FILES["params"])
-    plot_lr(ctx["rows"], out_dir / FILES["lr"])
-    plot_diag(ctx["rows"], out_dir / FILES["diag"])
-    plot_throughput(ctx["runs"], ctx["runs_dir"], out_dir / FILES["throughput"])
-    return dict(FILES)
+    from launch.report import plots_compute, plots_more
+    from launch.report.analysis import ordered_rows
+    from launch.report.series import main_series
+
+    rows = ordered_rows(ctx["rows"])
+    series = max(main_series(ctx["rows"]).values(), key=len, default=[])
+    out = dict(FILES)
+    plot_curves(ctx, rows, out_dir / FILES["curves"])
+    plot_params(ctx, out_dir / FILES["params"])
+    plot_lr(ctx, out_dir / FILES["lr"])
+    plots_more.plot_diag(ctx, series or rows, out_dir / FILES["diag"])
+    plots_compute.plot_throughput(ctx, rows, out_dir / FILES["throughput"])
+    extra = {
+        "flops": lambda p: plots_compute.plot_flops(ctx, series, p),
+        "diag_scales": lambda p: plots_more.plot_diag_scales(ctx, series, p),
+        "downstream": lambda p: plots_more.plot_downstream(ctx, p),
+        "efficiency": lambda p: plots_more.plot_efficiency(ctx, p),
+    }
+    for kind, draw in extra.items():
+        path = out_dir / EXTRA[kind]
+        if draw(path):
+            out[kind] = EXTRA[kind]
+        elif path.exists():
+            path.unlink()  # a figure from an earlier report that has nothing to show now
+    return out

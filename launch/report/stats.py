@@ -1,9 +1,14 @@
-"""Statistics for the sweep report: bootstrap intervals, t-tests and the scaling fits.
+"""Statistics for the sweep report: t-intervals and tests, Holm's correction and the scaling fits.
 
 The t statistic is computed here; the p-value comes from scipy's Student t distribution when scipy
-is installed, else from the regularised incomplete beta function below (same value to ~1e-10).
+is installed, else from the regularised incomplete beta function below (same value to ~1e-10), and
+t quantiles by bisection on it. Differences between optimizers get t-intervals (mean ±
+t₀.₉₇₅,df·s/√n), never a percentile bootstrap: resampling 2-3 seeds gives a handful of distinct
+means and an interval that is too narrow by ~(n−1)/n in variance and by t/z in width.
 Fits use a grid over the exponent with linear least squares for the other two parameters: robust
 for the handful of points a sweep gives (curve_fit needs starting values and can wander off).
+Fit intervals draw each point's mean from its t-distribution (x̄ + s/√n·T_{n−1}) and refit
+(`t_draws`, `fit_power_law_batch`), for the same reason.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,18 +33,27 @@ class Comparison:
     df: float | None
     paired: bool
     n: int  # pairs (paired) or min group size
+    ci_method: str = "t"  # "t": paired t-interval, "welch": Welch t-interval
+
+    @property
+    def within_noise(self) -> bool:
+        """The interval includes 0: the seeds cannot tell the two apart."""
+        return self.ci[0] <= 0.0 <= self.ci[1]
+
+
+try:  # optional: the fallbacks below give the same values
+    from scipy import stats as _scipy_stats
+except ImportError:
+    _scipy_stats = None
 
 
 def _t_sf(t: float, df: float) -> float:
     """P(T > t) for Student's t with df degrees of freedom."""
-    try:
-        from scipy import stats
-
-        return float(stats.t.sf(t, df))
-    except ImportError:
-        x = df / (df + t * t)
-        tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-        return tail if t >= 0 else 1.0 - tail
+    if _scipy_stats is not None:
+        return float(_scipy_stats.t.sf(t, df))
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return tail if t >= 0 else 1.0 - tail
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -113,9 +128,37 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+@lru_cache(maxsize=256)
+def t_ppf(q: float, df: float) -> float:
+    """The q-quantile of Student's t with df degrees of freedom (bisection on `_t_sf`)."""
+    if _scipy_stats is not None:
+        return float(_scipy_stats.t.ppf(q, df))
+    if q == 0.5:
+        return 0.0
+    target = 1.0 - q if q > 0.5 else q  # P(T > t) for the positive quantile
+    lo, hi = 0.0, 1.0
+    while _t_sf(hi, df) > target:
+        hi *= 2.0
+    for _ in range(60):  # 2^-60 of the bracket: far below any printed digit
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _t_sf(mid, df) > target else (lo, mid)
+    t = 0.5 * (lo + hi)
+    return t if q > 0.5 else -t
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int] | None:
+    """(mean, lo, hi, df): mean ± t_{(1+level)/2, n−1}·s/√n; None for fewer than 2 values."""
+    v = np.asarray(values, float)
+    if len(v) < 2 or not np.all(np.isfinite(v)):
+        return None
+    half = t_ppf((1 + level) / 2, len(v) - 1) * float(np.std(v, ddof=1)) / math.sqrt(len(v))
+    m = float(v.mean())
+    return m, m - half, m + half, len(v) - 1
+
+
 def compare(a: dict[int, float], b: dict[int, float]) -> Comparison | None:
-    """a, b: seed -> final loss. Paired by seed when both have the same >= 2 seeds; None if either
-    group has a single seed (no test is possible)."""
+    """a, b: seed -> final loss. Paired by seed when both have the same >= 2 seeds (t-interval of
+    the differences), else Welch; None if either group has a single seed (no test is possible)."""
     if len(a) < 2 or len(b) < 2:
         return None
     common = sorted(set(a) & set(b))
@@ -125,15 +168,83 @@ def compare(a: dict[int, float], b: dict[int, float]) -> Comparison | None:
     else:
         xa, xb = list(a.values()), list(b.values())
     t, df, p = t_test(xa, xb, paired)
+    diff = float(np.mean(xa) - np.mean(xb))
+    if paired:
+        ti = t_interval(np.subtract(xa, xb))
+        ci = (ti[1], ti[2]) if ti is not None else (diff, diff)
+        df = float(len(common) - 1)
+    else:
+        va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
+        half = t_ppf(0.975, df) * math.sqrt(va + vb) if df is not None else 0.0
+        ci = (diff - half, diff + half)
     return Comparison(
-        diff=float(np.mean(xa) - np.mean(xb)),
-        ci=bootstrap_ci(xa, xb, paired),
+        diff=diff,
+        ci=ci,
         p=p,
         t=t,
         df=df,
         paired=paired,
         n=len(common) if paired else min(len(xa), len(xb)),
+        ci_method="t" if paired else "welch",
     )
+
+
+def holm(pvals: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values (None stays None and is not counted as a test)."""
+    given = sorted((float(p), i) for i, p in enumerate(pvals) if p is not None)
+    out: list[float | None] = [None] * len(pvals)
+    running = 0.0
+    for rank, (p, i) in enumerate(given):
+        running = max(running, min(1.0, (len(given) - rank) * p))  # monotone in the raw order
+        out[i] = running
+    return out
+
+
+def t_draws(groups: Sequence[Sequence[float]], draws: int, seed: int = BOOT_SEED) -> np.ndarray:
+    """[draws, len(groups)]: each group's mean drawn as x̄ + s/√n·T_{n−1} (a group with one value
+    stays at it: no spread is known). The draws feed fit intervals (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((draws, len(groups)))
+    for j, g in enumerate(groups):
+        v = np.asarray(g, float)
+        if len(v) < 2:
+            out[:, j] = v.mean() if len(v) else np.nan
+        else:
+            out[:, j] = v.mean() + v.std(ddof=1) / math.sqrt(len(v)) * rng.standard_t(len(v) - 1, draws)
+    return out
+
+
+def percentile_ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of draws; inf draws (a loss below an asymptote) count at the top."""
+    x = np.where(np.isnan(x), np.inf, np.asarray(x, float))
+    # "nearest": interpolating between two infinite draws would give NaN
+    lo, hi = np.percentile(x, [100 * (1 - level) / 2, 100 * (1 + level) / 2], method="nearest")
+    return float(lo), float(hi)
+
+
+@dataclass
+class Slope:
+    slope: float
+    intercept: float
+    se: float | None
+    df: int
+    ci: tuple[float, float] | None  # t-interval; None with 2 points (df = 0)
+
+
+def ols_slope(x: Sequence[float], y: Sequence[float]) -> Slope | None:
+    """Least-squares line y = a + b x with a t-interval for b (df = n − 2)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return None
+    xc = x - x.mean()
+    b = float(xc @ (y - y.mean()) / (xc @ xc))
+    a = float(y.mean() - b * x.mean())
+    df = len(x) - 2
+    if df < 1:
+        return Slope(b, a, None, df, None)
+    se = math.sqrt(float(np.sum((y - a - b * x) ** 2)) / df / float(xc @ xc))
+    half = t_ppf(0.975, df) * se
+    return Slope(b, a, se, df, (b - half, b + half))
 
 
 @dataclass
@@ -196,3 +307,35 @@ def fit_power_law(x: Sequence[float], y: Sequence[float], alphas: np.ndarray | N
         n=len(x),
         at_edge=alpha <= lo * 1.05 or alpha >= hi * 0.99,
     )
+
+
+ALPHA_GRID = np.linspace(0.005, 3.0, 300)  # step 0.01: enough for an interval
+
+
+def fit_power_law_batch(x: Sequence[float], ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`fit_power_law` for many y vectors at once (ys: [B, n]) on a coarse α grid (step 0.01,
+    enough for an interval): (E, A, α), each [B]. Same constraints: E >= 0, A >= 0."""
+    x = np.asarray(x, float)
+    ys = np.asarray(ys, float)
+    scale = float(np.exp(np.mean(np.log(x))))
+    X = np.power(x / scale, -ALPHA_GRID[:, None])  # [G, n]
+    xm = X.mean(1)
+    xc = X - xm[:, None]
+    ym = ys.mean(1)
+    A = (ys - ym[:, None]) @ xc.T / np.sum(xc * xc, 1)  # [B, G]
+    E = ym[:, None] - A * xm
+    neg = E < 0  # a floor below zero: A alone with E = 0
+    A = np.where(neg, ys @ X.T / np.sum(X * X, 1), A)
+    E = np.where(neg, 0.0, E)
+    flat = A < 0
+    E = np.where(flat, ym[:, None], E)
+    A = np.where(flat, 0.0, A)
+    # Σ(y − E − A·x)² expanded in sums, so no [B, G, n] array is formed.
+    n = x.size
+    syy, sy = np.sum(ys * ys, 1)[:, None], np.sum(ys, 1)[:, None]
+    sxy, sx, sxx = ys @ X.T, X.sum(1), np.sum(X * X, 1)
+    sse = syy + n * E * E + A * A * sxx - 2 * E * sy - 2 * A * sxy + 2 * E * A * sx
+    k = np.argmin(sse, axis=1)
+    rows = np.arange(len(ys))
+    alpha = ALPHA_GRID[k]
+    return E[rows, k], A[rows, k] * scale**alpha, alpha

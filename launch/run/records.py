@@ -116,6 +116,11 @@ def _slim(obj: dict) -> dict:
     return {k: obj[k] for k in TRAIN_KEYS if k in obj}
 
 
+def _not_training(line: bytes) -> bool:
+    """An evaluation line: validation loss, or downstream accuracies (`eval/<task>/...`)."""
+    return b'"val_loss"' in line or b'"eval/' in line
+
+
 def _sample_metrics(run: RunRecord, data: bytes) -> None:
     """Fill run.evals / run.train / run.last_train / run.torn from metrics.jsonl's bytes."""
     end = len(data)
@@ -152,7 +157,7 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
             stop = data.find(b"\n", s, end)
             stop = end if stop == -1 else stop
             line = data[s:stop]
-            if not line.strip() or b'"val_loss"' in line:
+            if not line.strip() or _not_training(line):
                 continue
             obj = _loads(line)
             if obj is None or not isinstance(obj.get("step"), int):
@@ -165,7 +170,7 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
     while stop > 0 and run.last_train is None:
         start = data.rfind(b"\n", 0, stop - 1) + 1 if stop > 1 else 0
         line = data[start:stop].strip()
-        if line and b'"val_loss"' not in line:
+        if line and not _not_training(line):
             obj = _loads(line)
             if obj is not None:
                 run.last_train = _slim(obj)
