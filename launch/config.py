@@ -69,7 +69,7 @@ class TrainConfig:
     ckpt_every: int = 0  # 0: only the final checkpoint
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     device: str = "auto"  # auto | cpu | cuda
-    progress: bool = True  # a progress bar on rank 0 when stderr is a terminal
+    progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
     skip_spikes: bool = False  # skip the update when loss or grad norm > mean + k·σ of the last steps
     spike_window: int = 128  # steps in the rolling mean and σ (OLMo-core's rule)
@@ -259,6 +259,11 @@ def validate(cfg: Config) -> None:
         d.seq_len <= context,
         f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
         "lower data.seq_len or set model.max_seq_len",
+    )
+    _require(
+        cfg.parallel.param_dtype == "auto" or cfg.parallel.backend == "fsdp",
+        f"parallel.param_dtype={cfg.parallel.param_dtype} sets FSDP2's parameter dtype; it needs "
+        f"parallel.backend=fsdp (got {cfg.parallel.backend}); use train.dtype for the compute dtype",
     )
     windows = t.tokens_per_step // d.seq_len
     _require(

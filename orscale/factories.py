@@ -24,10 +24,29 @@ ELEMENTWISE_CLASSES: dict[str, type[torch.optim.Optimizer]] = {"cbp": CBP, "lamb
 
 
 def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` (DTensor-native under FSDP2) over routed param groups."""
+    """``torch.optim.AdamW`` (DTensor-native under FSDP2) over routed param groups, in the
+    implementation `cfg.fused` names: ``fused`` (one kernel per dtype/device for the whole update;
+    CPU has one too), ``foreach`` (a few multi-tensor kernels per op), or ``auto``: fused when the
+    parameters are on CUDA, foreach elsewhere."""
     return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, weight_decay=cfg.weight_decay
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        **adamw_implementation(cfg.fused, groups),
     )
+
+
+def adamw_implementation(setting: str, groups: list[dict[str, Any]]) -> dict[str, bool]:
+    """AdamW's `fused` / `foreach` keyword for `optim.fused` (auto | fused | foreach); the other stays
+    at torch's default (None), as torch refuses both true. The choice is stored in every param group,
+    so ZeRO's client, which copies these groups, runs the same implementation."""
+    if setting == "auto":
+        # Routed groups hold (name, param) pairs; plain groups hold params.
+        params = [item[1] if isinstance(item, tuple) else item for g in groups for item in g["params"]]
+        setting = "fused" if params and all(p.device.type == "cuda" for p in params) else "foreach"
+    return {"fused": True} if setting == "fused" else {"foreach": True}
 
 
 def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Parallelism applied from outside the model (torchtitan's way): FSDP2 or DDP, activation
-checkpointing and per-block torch.compile. The model code never knows. Used by the engines."""
+checkpointing and torch.compile (per block, or the whole model with its head and loss). The model
+code never knows. Used by the engines."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -16,11 +18,17 @@ from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 
 if TYPE_CHECKING:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 
 def build_model(
-    model_cfg: GPTConfig, parallel: ParallelConfig, seed: int, env: DistEnv, dtype: torch.dtype = torch.float32
+    model_cfg: GPTConfig,
+    parallel: ParallelConfig,
+    seed: int,
+    env: DistEnv,
+    dtype: torch.dtype = torch.float32,
+    *,
+    compile_backend: str = "inductor",
 ) -> GPT:
     """Construct, shard (FSDP2) and initialise the GPT.
 
@@ -28,18 +36,21 @@ def build_model(
     `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank. Either way every
     tensor's initial value depends on (seed, name) only (`GPT.init_value`), so the weights equal a
     single-process run's at any world size and on every backend.
+
+    `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`,
+    which traces the same graphs without generating kernels).
     """
     torch.manual_seed(seed)
     if parallel.backend == "fsdp" and parallel.meta_init:
         with torch.device("meta"):
             model = GPT(model_cfg)
-        _apply(model, parallel, env, dtype)
+        _apply(model, parallel, env, dtype, compile_backend)
         model.to_empty(device=env.device)
         init_sharded(model, seed)
         return model
     with torch.device(env.device):
         model = GPT(model_cfg, seed=seed)
-    _apply(model, parallel, env, dtype)
+    _apply(model, parallel, env, dtype, compile_backend)
     return model
 
 
@@ -61,7 +72,7 @@ def init_sharded(model: GPT, seed: int) -> None:
     model.init_buffers()
 
 
-def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
+def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype, compile_backend: str) -> None:
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -69,21 +80,51 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     if parallel.compile == "blocks":
         for block in model.blocks:
-            block.compile()
+            _compile_forward(block, compile_backend)
     if parallel.backend == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-        # bf16 compute with fp32 gradient reduction; the fp32 sharded params are the master weights.
-        # (bf16 params on CUDA only: gloo's CPU collectives are the test path and stay fp32.)
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if dtype == torch.bfloat16 and env.device.type == "cuda"
-            else MixedPrecisionPolicy()
-        )
+        mp = fsdp_mixed_precision(parallel.param_dtype, dtype, env.device)
+        reshard = reshard_after_forward(parallel.reshard_after_forward)
         for block in model.blocks:
-            # The last block's params are needed right away in backward: don't reshard them.
-            fully_shard(block, mp_policy=mp, reshard_after_forward=block is not model.blocks[-1])
-        fully_shard(model, mp_policy=mp)
+            # `true`: the last block's params are needed right away in backward: don't reshard them.
+            fully_shard(block, mp_policy=mp, reshard_after_forward=reshard and block is not model.blocks[-1])
+        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+    if parallel.compile == "model":
+        _compile_forward(model, compile_backend)
+
+
+def _compile_forward(module: nn.Module, backend: str) -> None:
+    """torch.compile `module.forward` in place. The forward, not `module.compile()` (which compiles
+    `_call_impl`): FSDP2's hooks then run outside the graph, the parameter names stay, and the
+    compiled code is `Block.forward`'s (or `GPT.forward`'s) own, so its recompile limit is not
+    shared with every other compiled module. dynamic=False: evaluation's batch shapes get graphs of
+    their own instead of turning the training graph into a dynamic-shape one."""
+    module.forward = torch.compile(module.forward, backend=backend, dynamic=False)
+
+
+def reshard_after_forward(setting: str | bool) -> bool:
+    """`parallel.reshard_after_forward` (auto | true | false) as FSDP2's flag. auto: keep the
+    gathered params until backward (no second all-gather) on one node, where memory is the cheaper
+    resource; reshard across nodes, where the all-gather is the costly one and memory per GPU is
+    what limits the model. One node: torchrun's LOCAL_WORLD_SIZE equals WORLD_SIZE."""
+    if setting != "auto":
+        return setting in ("true", True)  # ParallelConfig turns YAML booleans into "true"/"false"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
+
+
+def fsdp_mixed_precision(param_dtype: str, dtype: torch.dtype, device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2's policy for `parallel.param_dtype`: bf16 params in forward/backward with fp32 gradient
+    reduction (the fp32 sharded params stay the master weights), or fp32 throughout. auto: bf16
+    when the run computes in bf16 (`dtype`) on CUDA; CPU runs keep fp32 unless asked (gloo's CPU
+    collectives are the test path)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    bf16 = param_dtype == "bf16" or (param_dtype == "auto" and dtype == torch.bfloat16 and device.type == "cuda")
+    return (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
 
 
 def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:

@@ -21,6 +21,7 @@ from launch.errors import ConfigError
 from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
+from orscale.factories import adamw_implementation
 from orscale.routing import canonical_name
 
 
@@ -43,6 +44,7 @@ class TorchEngine(Engine):
         self.module = wrap_ddp(self._model, env) if backend == "ddp" else self._model
         self.optimizers = build_optimizers(self._model, optim, backend=backend, mode=parallel.muon_mode)
         self.max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
+        self._adamw_impl = optim.fused
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
         self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
 
@@ -87,7 +89,19 @@ class TorchEngine(Engine):
     def load(self, directory: Path) -> None:
         if checkpoint_kind(directory) == "dcp":
             self._checkpoint.load(directory)
-            return
+        else:
+            self._load_logical(directory)
+        for opt in self.optimizers:  # a loaded AdamW keeps its saved fused/foreach flags: this run's win
+            if isinstance(opt, torch.optim.AdamW):
+                impl = adamw_implementation(self._adamw_impl, opt.param_groups)
+                for group in opt.param_groups:
+                    group.update(fused=impl.get("fused"), foreach=impl.get("foreach"))
+                    for p in group["params"] if impl.get("fused") else []:  # fused wants its step on p's device
+                        st = opt.state.get(p, {})
+                        if isinstance(st.get("step"), torch.Tensor):
+                            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+
+    def _load_logical(self, directory: Path) -> None:
         # Written by ZeRO-1/2: whole weights and optimizer state by name, sharded here as this
         # engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
         shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}

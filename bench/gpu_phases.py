@@ -1,0 +1,262 @@
+"""The device check's workers, one process per phase (bench/gpu_check.py runs them): the preflight,
+throughput of one preset x optimizer (the step split into forward+backward / clip / optimizer with
+CUDA events read once at the end; MFU of the model's and of Newton-Schulz's FLOPs), FSDP2 against no
+sharding. Each appends its result rows to a JSON Lines file as soon as it has them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTIMS = ("adamw", "muon_moonlight", "orscale_lm")
+COMPARED = ("adamw", "orscale_lm")  # phase c: FSDP2 against no sharding
+LIMITS = {"muon_moonlight": 1.05, "adamw": 1.15}  # orscale_lm's step time may be at most this times theirs
+RESERVE_S = 40  # kept back for each phase still to come, so the last ones are not starved
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one device runs. presets: name -> (context, micro-batch, model overrides)."""
+
+    presets: dict[str, tuple[int, int, list[str]]]
+    compared: str  # the preset of phase c
+    steps: int  # timed steps per (preset, optimizer), after `warmup` untimed ones
+    warmup: int
+    real: list[str]  # train.py overrides of the real-text run (on configs/tiny.yaml)
+    budget_s: int
+    timeouts: dict[str, int] = field(default_factory=dict)
+
+
+GPU = Plan(
+    presets={"125m": (1024, 32, []), "1.1b": (4096, 8, [])},
+    compared="125m",
+    steps=10,
+    warmup=3,
+    real="model.preset=125m model.max_seq_len=1024 data.seq_len=1024 data.val_tokens=32768 data.val_batch_size=8 "
+    "data.logical_shards=8 train.tokens_per_step=8192 train.micro_batch_size=8 train.max_steps=200 "
+    "train.log_every=25 optim.lr=1e-3 optim.warmup_steps=20".split(),
+    budget_s=480,
+    timeouts={"preflight": 120, "throughput 125m": 150, "throughput 1.1b": 210, "fsdp_vs_none": 120, "realtext": 150},
+)
+CPU = Plan(
+    presets={"tiny": (64, 2, ["model.n_layer=2", "model.d_model=64"])},
+    compared="tiny",
+    steps=2,
+    warmup=1,
+    real="model.n_layer=2 model.d_model=64 model.max_seq_len=64 data.seq_len=64 data.val_tokens=1024 "
+    "data.logical_shards=4 train.tokens_per_step=512 train.micro_batch_size=4 train.max_steps=4 "
+    "train.log_every=2 optim.warmup_steps=2".split(),
+    budget_s=1200,
+)
+PLANS = {"cuda": GPU, "cpu": CPU}
+
+
+# ---------------------------------------------------------------- the workers (one process per phase)
+def emit(path: str, row: dict[str, Any]) -> None:
+    """One result row, appended at once: a phase killed later keeps what it measured."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as err:  # recorded, not raised: the orchestrator decides what follows from it
+        return f"error: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
+def _sync(dev: Any) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def preflight(args: argparse.Namespace) -> None:
+    import platform
+
+    import torch
+
+    from launch.run.meter import peak_tflops
+    from launch.runtime.process_group import init_distributed, shutdown
+
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version()}
+    info["triton"] = _try(lambda: __import__("triton").__version__)
+    info["cuda_visible"] = torch.cuda.is_available()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        emit(args.rows, info)
+        raise SystemExit("error: no CUDA device is visible (torch.cuda.is_available() is False)")
+    dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        info.update(device=props.name, memory_gib=props.total_memory / 2**30, capability=f"{props.major}.{props.minor}")
+        info.update(bf16=torch.cuda.is_bf16_supported(), cuda=torch.version.cuda, peak_tflops=peak_tflops(dev))
+        info["nccl"] = _try(lambda: ".".join(map(str, torch.cuda.nccl.version())))
+    else:
+        info.update(device=platform.processor() or platform.machine(), bf16=True, peak_tflops=None)
+
+    def matmul() -> float:  # the dense matrix-product rate as found, the ceiling MFU is read against
+        n, dtype = (8192, torch.bfloat16) if dev.type == "cuda" else (256, torch.float32)
+        a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+        for reps in (3, 10):  # warm-up, then timed
+            _sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            _sync(dev)
+        return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+    def tiny_compile() -> str:
+        x = torch.randn(64, 64, device=dev)
+        fn = torch.compile(lambda t: torch.nn.functional.gelu(t @ t.T).sum(), dynamic=False)
+        t0 = time.perf_counter()
+        got, want = float(fn(x)), float(torch.nn.functional.gelu(x @ x.T).sum())
+        if abs(got - want) > 1e-3 * max(1.0, abs(want)):
+            raise RuntimeError(f"compiled result {got} != eager {want}")
+        return f"ok ({time.perf_counter() - t0:.1f} s)"
+
+    def flash() -> str:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q = torch.randn(1, 8, 1024, 128, device=dev, dtype=torch.bfloat16)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return "ok"
+
+    def group() -> str:  # NCCL on CUDA: what FSDP2 on one GPU needs
+        env = init_distributed("fsdp", args.device)
+        torch.distributed.all_reduce(torch.ones(4, device=env.device))
+        shutdown()
+        return "ok"
+
+    info["matmul_tflops"] = _try(matmul)
+    info["compile"] = "skipped (--compile none)" if args.compile == "none" else _try(tiny_compile)
+    if dev.type == "cuda":
+        info["sdpa_flash"] = _try(flash)
+    info["process_group"] = _try(group)
+    emit(args.rows, info)
+
+
+def throughput(args: argparse.Namespace, plan: Plan, presets: list[str], backends: list[str], optims: tuple) -> None:
+    import gc
+
+    import torch
+
+    from launch.runtime.process_group import init_distributed, shutdown
+
+    micro: dict[str, int] = {}  # a micro-batch halved after an OOM stays halved: later rows stay comparable
+    for backend in backends:  # `none` first: it needs no process group; `fsdp` makes one (of 1)
+        env = init_distributed(backend, args.device)
+        for preset in presets:
+            for optim in optims:
+                notes, mb = [], micro.setdefault(preset, plan.presets[preset][1])
+                while True:
+                    row = None
+                    try:
+                        row = measure(args, plan, preset, optim, env, mb)
+                    except torch.cuda.OutOfMemoryError:
+                        if mb == 1:
+                            raise
+                    gc.collect()  # the model and optimizers (compiled forwards hold reference cycles)
+                    if env.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    if row is not None:
+                        break
+                    notes.append(f"OOM at micro-batch {mb}, retried at {mb // 2}")
+                    mb = micro[preset] = mb // 2
+                emit(args.rows, {**row, "notes": "; ".join(notes)})
+    shutdown()
+
+
+def measure(args: argparse.Namespace, plan: Plan, preset: str, optim: str, env: Any, micro: int) -> dict[str, Any]:
+    """Model and optimizers built fresh, synthetic tokens, `plan.warmup` steps, then `plan.steps`
+    timed: wall clock for throughput, and per step CUDA events (read once, after the last
+    synchronize; perf_counter on CPU) around forward+backward, gradient clipping, optimizer step."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from launch.config import load_config
+    from launch.engine.torch_engine import TorchEngine
+    from launch.run.meter import peak_tflops
+    from launch.runtime.process_group import compute_dtype
+    from orscale.routing import route_parameters
+    from orscale.schedule import set_lr
+
+    seq, _, extra = plan.presets[preset]
+    overrides = f"model.preset={preset} model.max_seq_len={seq} data.seq_len={seq} data.val_tokens={seq} "
+    overrides += f"data.logical_shards=1 optim.name={optim} parallel.backend={env.backend} "
+    overrides += f"parallel.compile={args.compile} train.device={args.device} train.micro_batch_size={micro} "
+    cfg = load_config(None, [*overrides.split(), f"train.tokens_per_step={micro * seq}", *extra])
+    cuda = env.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(env.device)
+    resident = torch.cuda.memory_allocated(env.device) / 2**30 if cuda else None  # a leak of the last build shows
+    graphs0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+    dtype = compute_dtype(cfg.train.dtype, env.device)
+    engine = TorchEngine(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps=1)
+    set_lr(engine.optimizers, cfg.optim.lr)
+    build_s = time.perf_counter() - t0
+    gen = torch.Generator(device=env.device).manual_seed(0)
+    batch = torch.randint(0, 50257, (micro, seq + 1), device=env.device, generator=gen)
+
+    def mark() -> Any:
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    stamps, start = [], 0.0
+    for i in range(plan.warmup + plan.steps):
+        if i == plan.warmup:
+            _sync(env.device)
+            start = time.perf_counter()
+        m = [mark()]
+        loss = engine.forward_backward(batch, last_micro_batch=True)
+        m.append(mark())
+        # TorchEngine.step's body, split for the clock (no spike guard or centring in these runs).
+        norm = torch.nn.utils.clip_grad_norm_(engine.model.parameters(), engine.max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        m.append(mark())
+        for opt in engine.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        m.append(mark())
+        stamps += [m] if i >= plan.warmup else []
+    _sync(env.device)
+    wall = time.perf_counter() - start
+    ms = (lambda a, b: a.elapsed_time(b)) if cuda else (lambda a, b: (b - a) * 1e3)
+    fb, clip, step = (sum(ms(m[j], m[j + 1]) for m in stamps) / len(stamps) for j in range(3))
+    flops = engine.model.flops_per_token(seq) * micro * seq
+    matrices = route_parameters(engine.model, cfg.optim).matrices
+    ns = sum(ns_flops(tuple(p.shape), cfg.optim.ns_steps) for _, p in matrices)
+    peak = peak_tflops(env.device)  # dense bf16 TFLOP/s of the device by name (None: unknown, or a CPU)
+    mfu = lambda f: f * plan.steps / wall / (peak * 1e12) if peak else None
+    peak_mem = torch.cuda.max_memory_allocated(env.device) / 2**30 if cuda else None
+    what = {"preset": preset, "optim": optim, "backend": env.backend, "compile": args.compile, "dtype": str(dtype)}
+    size = {"context": seq, "micro_batch": micro, "steps": plan.steps, "tokens_per_s": micro * seq * plan.steps / wall}
+    work = {"model_tflop_per_step": flops / 1e12, "opt_tflop_per_step": ns / 1e12, "mfu_model": mfu(flops)}
+    rates = {
+        "mfu_opt": mfu(ns),
+        "mfu_total": mfu(flops + ns),
+        "peak_mem_gib": peak_mem,
+        "resident_before_gib": resident,
+    }
+    split = {"fwd_bwd_ms": fb, "clip_ms": clip, "opt_ms": step, "step_ms": fb + clip + step}
+    more = {"wall_step_ms": wall / plan.steps * 1e3, "loss": float(loss), "build_s": build_s}
+    return what | size | work | rates | split | more | {"new_graphs": counters["stats"]["unique_graphs"] - graphs0}
+
+
+def ns_flops(shape: tuple[int, ...], steps: int) -> float:
+    """Newton-Schulz FLOPs of one m x n matrix (m the smaller side) per optimizer step: per iteration
+    X Xᵀ (2m²n), A² (2m³), B·X (2m²n)."""
+    m, n = sorted(shape[-2:])
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
+# ---------------------------------------------------------------- the orchestrator

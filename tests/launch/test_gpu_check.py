@@ -1,0 +1,158 @@
+"""The prepared device check (bench/gpu_check.py, issue 22): its arithmetic and report here; its CPU
+run end to end, as on the GPU image, where `datasets` and `deepspeed` are not installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check as gc
+from bench import gpu_phases as gp
+from tests.helpers import ROOT, env
+
+# Installed by a sitecustomize.py on PYTHONPATH in every process of a run (workers, data.prepare,
+# train.py): `import datasets` / `import deepspeed` fail as on a machine without them, and
+# importlib.util.find_spec answers None, as it does there. Each attempt is logged with its caller.
+BLOCKER = """
+import importlib.abc, importlib.util, os, sys, traceback
+
+BLOCKED = ("datasets", "deepspeed")
+
+
+def _note(kind, name):
+    frames = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()[:-2] if "<frozen" not in f.filename]
+    with open(os.environ["IMPORT_BLOCK_LOG"], "a") as fh:
+        fh.write(f"{kind} {name} <- {' < '.join(reversed(frames[-4:]))}\\n")
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            _note("import", name)
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Refuse())
+_find_spec = importlib.util.find_spec
+
+
+def _probe(name, package=None):
+    if name.split(".")[0] in BLOCKED:
+        _note("probe", name)
+        return None
+    return _find_spec(name, package)
+
+
+importlib.util.find_spec = _probe
+"""
+
+
+def blocked_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    site = tmp_path / "blocker"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    log = tmp_path / "blocked_imports.log"
+    log.touch()
+    return {**env(), "PYTHONPATH": f"{site}:{ROOT}", "IMPORT_BLOCK_LOG": str(log)}, log
+
+
+def test_ns_flops_is_five_iterations_of_two_gram_products_and_a_square():
+    m, n = 768, 3072
+    assert gp.ns_flops((n, m), 5) == gp.ns_flops((m, n), 5) == 5 * (4 * m * m * n + 2 * m**3)
+
+
+def test_error_line_finds_the_exception_among_the_noise():
+    log = "step 1\nTraceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CUDA out of memory.\nbye\n"
+    assert gc.error_line(log) == "torch.OutOfMemoryError: CUDA out of memory."
+    assert gc.error_line("error: no CUDA device is visible\n") == "error: no CUDA device is visible"
+    assert gc.error_line("only\nnoise\n") == "noise"
+
+
+def test_a_failed_preflight_compile_runs_the_later_phases_eager_and_says_so():
+    assert gc.effective_compile("blocks", "ok (3.1 s)") == ("blocks", "")
+    mode, note = gc.effective_compile("model", "error: BackendCompilerFailed: triton")
+    assert mode == "none" and "BackendCompilerFailed" in note and "eager" in note
+    assert gc.effective_compile("none", "skipped (--compile none)") == ("none", "")
+
+
+def _row(optim: str, fb: float, opt: float, micro: int = 4) -> dict:
+    what = {"preset": "125m", "optim": optim, "backend": "fsdp", "micro_batch": micro, "context": 1024}
+    return what | {"fwd_bwd_ms": fb, "clip_ms": 1.0, "opt_ms": opt, "step_ms": fb + 1.0 + opt}
+
+
+def test_comparisons_measure_and_extrapolate_to_the_config_batch():
+    rows = [_row("adamw", 100.0, 4.0), _row("muon_moonlight", 100.0, 20.0), _row("orscale_lm", 100.0, 22.0)]
+    out = {c["against"]: c for c in gc.comparisons(rows, gp.GPU)}
+    assert out["adamw"]["ratio"] == pytest.approx(123 / 105) and out["adamw"]["within"] is False
+    assert out["muon_moonlight"]["ratio"] == pytest.approx(123 / 121) and out["muon_moonlight"]["within"]
+    accum = 262144 / (4 * 1024)  # configs/125m.yaml's tokens per step over one micro-batch
+    assert out["adamw"]["ratio_at_config"] == pytest.approx((100 * accum + 23) / (100 * accum + 5))
+    assert out["adamw"]["comparable"]
+
+
+def test_the_report_renders_a_check_that_stopped_early():
+    res = {"device": "cuda", "budget_s": 480, "total_s": 12.0, "compile": "none", "compile_note": ""}
+    res["phases"] = {"preflight": {"status": "failed", "timeout_s": 120, "seconds": 3.0, "error": "error: no CUDA"}}
+    md = gc.markdown(res)
+    assert "| preflight | failed | 3.0 | 120 | error: no CUDA |" in md
+
+
+@pytest.mark.slow
+def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
+    """`bash bench/gpu_check.sh --device cpu`: every phase ran, in processes where `datasets` and
+    `deepspeed` cannot be imported (the GPU image has neither); one JSON and one table with numbers."""
+    run_env, log = blocked_env(tmp_path)
+    probe = subprocess.run([sys.executable, "-c", "import datasets"], env=run_env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'datasets'" in probe.stderr  # the blocker works
+    log.write_text("")
+    out = tmp_path / "out"
+    cmd = ["bash", str(ROOT / "bench/gpu_check.sh"), "--out", str(out), "--device", "cpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md", "scratch"]
+    res = json.loads((out / "gpu_check.json").read_text())
+    phases = {"preflight", "throughput tiny", "fsdp_vs_none", "prepare (background)", "realtext"}
+    assert set(res["phases"]) == phases and all(p["status"] == "ok" for p in res["phases"].values())
+    rows = res["throughput"]
+    assert [r["optim"] for r in rows] == list(gp.OPTIMS)
+    for r in rows + res["fsdp_vs_none"]:
+        for key in ("tokens_per_s", "model_tflop_per_step", "fwd_bwd_ms", "clip_ms", "opt_ms", "step_ms", "loss"):
+            assert isinstance(r[key], float) and r[key] > 0, (r["optim"], key)
+    assert {(r["backend"], r["optim"]) for r in res["fsdp_vs_none"]} == {
+        (b, o) for b in ("none", "fsdp") for o in gp.COMPARED
+    }
+    assert rows[0]["opt_tflop_per_step"] == 0 < rows[2]["opt_tflop_per_step"]  # adamw runs no Newton-Schulz
+    assert {c["against"] for c in res["comparisons"]} == {"adamw", "muon_moonlight"}
+    real = res["realtext"]
+    assert real["steps"] == 4 and real["val loss"] > 0 and 0 < real["times the run sees the training text"] < 1
+    md = (out / "gpu_check.md").read_text()
+    for heading in ("## Preflight", "## Throughput", "## OrScale-LM's step time", "## FSDP2", "## Real text"):
+        assert heading in md
+    assert "| tiny | orscale_lm | fsdp |" in md
+    assert log.read_text() == "", f"datasets/deepspeed were asked for:\n{log.read_text()}"
+
+
+@pytest.mark.slow
+def test_a_failing_phase_is_recorded_and_the_check_still_writes_both_files(tmp_path):
+    """--device cuda on a machine without one: the preflight fails with its one line, the device
+    phases are not run, the background token shards are still made, and both files are written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    out = tmp_path / "out"
+    cmd = ["bash", str(ROOT / "bench/gpu_check.sh"), "--out", str(out), "--device", "cuda"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    res = json.loads((out / "gpu_check.json").read_text())
+    assert res["phases"]["preflight"]["status"] == "failed"
+    assert (
+        res["phases"]["preflight"]["error"] == "error: no CUDA device is visible (torch.cuda.is_available() is False)"
+    )
+    assert res["phases"]["prepare (background)"]["status"] == "ok"
+    assert "| preflight | failed |" in (out / "gpu_check.md").read_text()
