@@ -35,7 +35,7 @@ def old_newton_schulz_many(matrices: Sequence[Tensor], steps: int, dtype: str) -
     buckets: dict[tuple, list[int]] = defaultdict(list)
     for i, m in enumerate(matrices):
         buckets[(tuple(m.shape), m.dtype, m.device)].append(i)
-    out: list[Tensor] = [None] * len(matrices)  # type: ignore[list-item]
+    out: dict[int, Tensor] = {}
     for idx in buckets.values():
         if len(idx) == 1:
             out[idx[0]] = newton_schulz(matrices[idx[0]], steps, "polar_express", dtype)
@@ -43,7 +43,7 @@ def old_newton_schulz_many(matrices: Sequence[Tensor], steps: int, dtype: str) -
         stacked = newton_schulz(torch.stack([matrices[i] for i in idx]), steps, "polar_express", dtype)
         for i, q in zip(idx, stacked.unbind(0), strict=True):
             out[i] = q
-    return out
+    return [out[i] for i in range(len(matrices))]
 
 
 def new_newton_schulz_many(matrices: Sequence[Tensor], steps: int, dtype: str) -> list[Tensor]:

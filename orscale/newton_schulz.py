@@ -138,7 +138,7 @@ def newton_schulz_many(
         if m.ndim != 2:
             raise ValueError(f"newton_schulz_many expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
         buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
-    out: list[Tensor] = [None] * len(matrices)  # type: ignore[list-item]
+    out: dict[int, Tensor] = {}
     for (rows, cols, _, device), idx in buckets.items():
         if len(idx) == 1:
             out[idx[0]] = newton_schulz(matrices[idx[0]], steps, coefficients, dtype)
@@ -156,4 +156,4 @@ def newton_schulz_many(
         Q = _iterate(X, schedule)
         for i, q in zip(wide + tall, Q.unbind(0), strict=True):
             out[i] = q.mT if matrices[i].size(0) > matrices[i].size(1) else q
-    return out
+    return [out[i] for i in range(len(matrices))]

@@ -132,7 +132,7 @@ def test_sigkill_then_auto_resume_is_bit_exact_one_process(tmp_path, optim):
     assert resumed == straight  # bit for bit, every step once
     steps = [m["step"] for m in metrics(tmp_path / "killed") if "train_loss" in m]
     assert steps == sorted(set(steps)), "duplicate steps in metrics.jsonl"
-    vals = lambda d: [m["val_loss"] for m in metrics(d) if "val_loss" in m]  # noqa: E731
+    vals = lambda d: [m["val_loss"] for m in metrics(d) if "val_loss" in m]
     assert vals(tmp_path / "killed") == vals(tmp_path / "straight")
 
 

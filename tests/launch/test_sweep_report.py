@@ -323,7 +323,7 @@ def test_scaling_fit_recovers_exponent(tmp_path):
 
 def test_data_efficiency_multiplier(tmp_path):
     # AdamW at three budgets on L(D) = 2.5 + 50 D^-0.3; OrScale-LM at D0 reaches AdamW's loss at 2 D0.
-    law = lambda d: 2.5 + 50 * d**-0.3  # noqa: E731
+    law = lambda d: 2.5 + 50 * d**-0.3
     for steps in (100, 200, 400):
         fake_run(tmp_path / f"adamw{steps}", steps=steps, losses=[law(steps * 64)])
     fake_run(tmp_path / "ours", optim="orscale_lm", steps=100, losses=[law(2 * 100 * 64)])

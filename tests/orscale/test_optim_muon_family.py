@@ -55,7 +55,7 @@ def reference_step(name: str, W, M, c, G, lr, wd, r_min=0.1, r_max=5.0, mu=0.95)
     elif name == "mutrust":
         W = (1 - lr * wd) * W - lr * clip(W.norm() / (Mh.norm() + EPS)) * Q
     elif name == "muscale":
-        rms = lambda X: X.norm() / math.sqrt(X.numel())  # noqa: E731
+        rms = lambda X: X.norm() / math.sqrt(X.numel())
         W = (1 - lr * wd) * W - lr * clip(rms(W) / (rms(Mh) + EPS)) * s * Q
     elif name == "orscale_lm_decoupled":
         if c == 0:

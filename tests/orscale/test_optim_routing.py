@@ -139,7 +139,7 @@ def test_canonical_name_strips_wrappers() -> None:
 
 # ----------------------------------------------------------------------------- schedule
 def test_lr_schedule_known_points() -> None:
-    f = lambda s: lr_at(s, peak=1.0, warmup=10, total=110, min_ratio=0.1)  # noqa: E731
+    f = lambda s: lr_at(s, peak=1.0, warmup=10, total=110, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1)  # (step+1)/warmup: the first step has lr > 0
     assert f(4) == pytest.approx(0.5)
     assert f(9) == pytest.approx(1.0)
