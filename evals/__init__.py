@@ -6,7 +6,7 @@ load_task -> encode_task -> make_batches -> score_batches (per rank) -> counts (
 from __future__ import annotations
 
 from evals.eval_config import EvalConfig, EvalConfigError
-from evals.intervals import format_table, summarize, wilson_interval
+from evals.intervals import chance_note, format_table, summarize, wilson_interval
 from evals.scoring import (
     Batch,
     DocResult,
@@ -32,6 +32,7 @@ __all__ = [
     "EvalConfig",
     "EvalConfigError",
     "EvalDataError",
+    "chance_note",
     "Task",
     "TaskInfo",
     "counts",

@@ -42,6 +42,14 @@ def summarize(task: Task, counts: Tensor | Sequence[float]) -> dict[str, Any]:
     return out
 
 
+def chance_note(summary: dict[str, Any]) -> str:
+    """ "at chance" where the primary metric's interval holds chance; "below chance" where it lies
+    wholly under it (no skill either: a small model's bias towards some answer lengths); else ""."""
+    if summary["near_chance"]:
+        return "at chance"
+    return "below chance" if summary["primary"] < summary["chance"] else ""
+
+
 def _with_ci(value: float, ci: tuple[float, float]) -> str:
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
@@ -53,7 +61,7 @@ def format_table(summaries: Sequence[dict[str, Any]]) -> str:
         "|---|---:|---:|---:|---|---|---|---|",
     ]
     for s in summaries:
-        note = "at chance" if s["near_chance"] else ""
+        note = chance_note(s)
         lines.append(
             f"| {s['task']} | {s['shots']} | {s['n']} | {s['chance']:.3f} | {_with_ci(s['acc'], s['acc_ci'])} "
             f"| {_with_ci(s['acc_norm'], s['acc_norm_ci'])} | {s['primary_metric']} {s['primary']:.3f} | {note} |"

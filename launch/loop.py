@@ -15,6 +15,8 @@ import torch
 from launch.config import Config, load_config
 from launch.engine import Engine
 from launch.errors import USER_ERRORS
+from launch.run.downstream import eval_metrics, score_tasks, summary_line
+from launch.run.progress import Progress
 from launch.run.setup import Run, RunComplete, setup_run
 from launch.runtime.console import setup_logging
 from launch.runtime.preemption import StopFlag
@@ -80,7 +82,8 @@ def _loop(run: Run) -> dict:
         run.env,
         run.cfg.train,
     )
-    stop, progress = StopFlag(env), _progress(cfg, env, state.step)
+    stop = StopFlag(env)
+    progress = Progress(t.max_steps, state.step, enabled=env.is_main, bar=t.progress)
     last_loss, last_val = math.nan, (math.nan, None)
     while state.step < t.max_steps:
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
@@ -106,7 +109,7 @@ def _loop(run: Run) -> dict:
             run.run_dir.write(record)
             run.check_finite()  # the loss was just read: this costs one tiny all-reduce more
             last_loss = record["train_loss"]
-            progress.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            progress.logged(record)
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
             last_val = (evaluate(engine, run.val, cfg.data.val_batch_size, env), state.step)
             run.run_dir.write(
@@ -118,8 +121,13 @@ def _loop(run: Run) -> dict:
                 }
             )
             log.info("step %d: val_loss %.4f", state.step, last_val[0])
+            if cfg.eval.tasks:  # downstream tasks at the same steps, on the windows the model trained on
+                scores = score_tasks(engine.module, engine.autocast, run.tokenizer, cfg.eval, env, cfg.data.seq_len)
+                run.run_dir.write({"step": state.step, "tokens": state.tokens, **eval_metrics(scores)})
+                for summary in scores.values():
+                    log.info("step %d: eval %s", state.step, summary_line(summary))
             meter.restart_clock()  # evaluation time is not training throughput
-        progress.update(1)
+        progress.update(state.step)
         if stop.agreed():
             log.warning("stop signal: saving a checkpoint at step %d and exiting", state.step)
             run.save()
@@ -138,19 +146,6 @@ def _loop(run: Run) -> dict:
         val,
     )
     return {"step": state.step, "last_train_loss": last_loss, "val_loss": last_val[0]}
-
-
-def _progress(cfg: Config, env: DistEnv, start: int):
-    from tqdm import tqdm
-
-    # disable=None: no bar when stderr is not a terminal (piped logs stay readable).
-    return tqdm(
-        total=cfg.train.max_steps,
-        initial=start,
-        disable=None if cfg.train.progress and env.is_main else True,
-        dynamic_ncols=True,
-        desc="train",
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,10 +128,22 @@ def chunked_token_losses(
     chunk_rows: int | None = None,
 ) -> Tensor:
     """Per-row cross-entropy [N] (fp32, no gradients) of logits `h @ weight.T`, chunk by chunk;
-    0 where the target is `ignore_index`."""
+    0 where the target is `ignore_index`. Only counted rows meet the head: a downstream task scores
+    a few continuation tokens per window, and the head is most of a small model's forward."""
     rows = chunk_rows or default_chunk_rows(weight.shape[0])
     dtype = _compute_dtype(h, weight)
     w = weight.to(dtype)
+    counted = targets != ignore_index
+    if bool(counted.all()):  # validation: every row counts, no gather
+        return _chunked_losses(h, w, targets, ignore_index, rows, dtype)
+    out = torch.zeros(targets.shape, dtype=torch.float32, device=h.device)
+    keep = counted.nonzero().squeeze(1)
+    if keep.numel():
+        out[keep] = _chunked_losses(h[keep], w, targets[keep], ignore_index, rows, dtype)
+    return out
+
+
+def _chunked_losses(h: Tensor, w: Tensor, targets: Tensor, ignore_index: int, rows: int, dtype: torch.dtype) -> Tensor:
     parts = [
         _chunk_forward(h[s : s + rows], w, targets[s : s + rows], ignore_index, dtype)[4]
         for s in range(0, h.shape[0], rows)

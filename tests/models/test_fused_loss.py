@@ -76,6 +76,13 @@ def test_no_grad_path_and_token_losses() -> None:
     with torch.no_grad():
         loss = fused_linear_cross_entropy(h, w, t, chunk_rows=7)
     assert abs(loss.item() - reference(h, w, t).item()) <= 1e-6 * loss.item()
+    # A downstream batch: a few scored rows (only they meet the head), or none at all.
+    few = torch.full_like(t, -100)
+    few[[5, 6, 40]] = t[[5, 6, 40]]
+    got = chunked_token_losses(h, w, few, chunk_rows=7)
+    tol(got[[5, 6, 40]], ref[[5, 6, 40]], 1e-6)
+    assert torch.count_nonzero(got) == 3
+    assert torch.equal(chunked_token_losses(h, w, torch.full_like(t, -100)), torch.zeros(53))
 
 
 def test_bf16_autocast_close_to_reference_bf16_path() -> None:

@@ -1,0 +1,69 @@
+"""What a run says while it trains, on rank 0: a progress bar on a terminal (train.progress); else
+(every Slurm job, a pipe to a file, train.progress=false) one line per `train.log_every` steps, as
+torchtitan prints them: step, loss, LR, gradient norm, tokens/s, MFU where known, ETA."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("orscale")
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class Progress:
+    def __init__(self, total: int, start: int, enabled: bool, bar: bool, terminal: bool | None = None) -> None:
+        """`enabled`: this rank reports (rank 0); `bar`: a bar is wanted (train.progress), drawn
+        when stderr is a terminal (`terminal`; None: ask it)."""
+        self.total, self.start, self.step = total, start, start
+        self.enabled = enabled
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self._t0 = time.perf_counter()
+        self._bar: Any = None
+        if enabled and bar and self.terminal:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=start, dynamic_ncols=True, desc="train")
+
+    def line(self, record: dict[str, Any]) -> str:
+        """The log line of a training record (metrics.jsonl's training line)."""
+        done = record["step"] - self.start
+        eta = (time.perf_counter() - self._t0) / done * (self.total - record["step"]) if done > 0 else math.nan
+        mfu = record.get("mfu")
+        parts = [
+            f"step {record['step']}/{self.total}",
+            f"loss {record['train_loss']:.4f}",
+            f"lr {record['lr']:.2e}",
+            f"grad {record['grad_norm']:.3g}",
+            f"{record['tokens_per_s']:,.0f} tok/s",
+            f"MFU {100 * mfu:.1f}%" if isinstance(mfu, (int, float)) and math.isfinite(mfu) else "",
+            f"ETA {_duration(eta)}",
+        ]
+        return " | ".join(p for p in parts if p)
+
+    def logged(self, record: dict[str, Any]) -> None:
+        """A logging step: the bar's postfix on a terminal, one log line otherwise."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{record['train_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        else:
+            log.info("%s", self.line(record))
+
+    def update(self, step: int) -> None:
+        if self._bar is not None:
+            self._bar.update(step - self.step)
+        self.step = step
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

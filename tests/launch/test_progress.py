@@ -1,0 +1,32 @@
+"""The run's progress report: a bar on a terminal, else one log line per logging step."""
+
+from __future__ import annotations
+
+import logging
+
+from launch.run.progress import Progress
+
+RECORD = {"step": 20, "train_loss": 5.4321, "lr": 3e-4, "grad_norm": 0.75, "tokens_per_s": 12345.6, "mfu": 0.381}
+
+
+def test_log_line_without_a_terminal(caplog) -> None:
+    progress = Progress(total=100, start=10, enabled=True, bar=True, terminal=False)
+    with caplog.at_level(logging.INFO, logger="orscale"):
+        progress.logged(RECORD)
+    (line,) = [r.getMessage() for r in caplog.records]
+    head, eta = line.rsplit(" | ", 1)
+    assert head == "step 20/100 | loss 5.4321 | lr 3.00e-04 | grad 0.75 | 12,346 tok/s | MFU 38.1%"
+    assert eta.startswith("ETA ") and eta != "ETA ?"
+    # MFU unknown (no peak FLOP/s for this device): left out, not printed as 0 or nan.
+    assert "MFU" not in progress.line({**RECORD, "mfu": None})
+
+
+def test_other_ranks_and_a_terminal_bar_print_no_lines(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="orscale"):
+        Progress(total=100, start=0, enabled=False, bar=True, terminal=False).logged(RECORD)
+        bar = Progress(total=100, start=0, enabled=True, bar=True, terminal=True)
+        bar.logged(RECORD)
+        bar.update(20)
+        bar.close()
+    assert caplog.records == []
+    assert bar._bar.n == 20  # the bar counts steps, from a resumed start too
