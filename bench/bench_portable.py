@@ -17,7 +17,7 @@ import torch
 
 from launch.checkpoint.portable import calibration_constants
 from models import GPT, get_preset
-from tests.helpers import run_train, train_losses
+from tests.helpers import run_many, train_losses
 
 RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2}
 
@@ -28,23 +28,24 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = ap.parse_args()
     common = [f"optim.name={args.optim}", "train.eval_every=0", "train.ckpt_every=2"]
-    with torch.device("meta"):
-        shapes = {
-            n: p.shape for n, p in GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64)).named_parameters()
-        }
+    with torch.device("meta"):  # the model of tests.helpers.SMALL
+        model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64, vocab_size=4096))
+    shapes = {n: p.shape for n, p in model.named_parameters()}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
 
-        def run(backend: str, run_dir: Path, steps: int) -> None:
-            run_train(
-                [*common, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"],
-                nproc=RANKS[backend],
-            )
+        def args(backend: str, run_dir: Path, steps: int) -> list[str]:
+            return [*common, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"]
 
-        for b in RANKS:
-            run(b, root / f"from_{b}", 2)
-        run("none", root / "straight", 4)
+        # One launch per world size for the saves, one per destination for the resumes (run_many).
+        run_many([args("none", root / "from_none", 2), args("none", root / "straight", 4)])
+        run_many([args(b, root / f"from_{b}", 2) for b in RANKS if RANKS[b] == 2], 2)
+        for dst in RANKS:
+            for src in RANKS:
+                if src != dst:
+                    shutil.copytree(root / f"from_{src}", root / f"{src}_to_{dst}")
+            run_many([args(dst, root / f"{src}_to_{dst}", 4) for src in RANKS if src != dst], RANKS[dst])
         want = train_losses(root / "straight")
         rows = []
         for src in RANKS:
@@ -53,8 +54,6 @@ def main() -> None:
                 if dst == src:
                     continue
                 d = root / f"{src}_to_{dst}"
-                shutil.copytree(root / f"from_{src}", d)
-                run(dst, d, 4)
                 got = train_losses(d)
                 c_dst = calibration_constants(d / "checkpoints/step_00000004", shapes)
                 same_c = (

@@ -7,12 +7,18 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs/tiny.yaml")
-# A small, fast variant of the tiny config: 2 layers, d 64, 64-token windows, 512 tokens/step.
+# A small, fast variant of the tiny config: 2 layers, d 64, 64-token windows, 512 tokens/step, and
+# the ladder's 4k BPE instead of GPT-2's 50k vocabulary (whose head and loss would be most of each
+# step's work; absolute, so that an old tree run from elsewhere finds it too).
+BPE4K = str(ROOT / "assets/tokenizers/bpe4k_ladder")
 SMALL = [
+    f"data.tokenizer={BPE4K}",
+    "model.vocab_size=4096",
     "model.n_layer=2",
     "model.d_model=64",
     "data.seq_len=64",
@@ -34,21 +40,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train_cmd(overrides: list[str], nproc: int = 1) -> list[str]:
+def launch_cmd(script: Path, args: list[str], nproc: int = 1) -> list[str]:
+    """`python SCRIPT ARGS`, or the same under torchrun with `nproc` CPU processes."""
     if nproc == 1:
-        return [sys.executable, str(ROOT / "train.py"), "--config", TINY, *SMALL, *overrides]
+        return [sys.executable, str(script), *args]
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}",
-        str(ROOT / "train.py"),
-        "--config",
-        TINY,
-        *SMALL,
-        *overrides,
+        str(script),
+        *args,
     ]
+
+
+def train_cmd(overrides: list[str], nproc: int = 1) -> list[str]:
+    return launch_cmd(ROOT / "train.py", ["--config", TINY, *SMALL, *overrides], nproc)
 
 
 def env() -> dict[str, str]:
@@ -71,6 +79,18 @@ def run_train(overrides: list[str], nproc: int = 1, timeout: int = 600) -> subpr
     if proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def run_many(runs: list[list[str]], nproc: int = 1, timeout: int = 900) -> None:
+    """Several runs (each a list of overrides, as for `run_train`) one after another in ONE launch
+    (`tests/launch/runs_worker.py`): the process start-up is paid once, not once per run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "runs.json"
+        spec.write_text(json.dumps([["--config", TINY, *SMALL, *overrides] for overrides in runs]))
+        cmd = launch_cmd(ROOT / "tests/launch/runs_worker.py", [str(spec)], nproc)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"runs_worker.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -114,10 +114,11 @@ def test_a_save_that_finds_no_space_is_one_line_and_keeps_the_last_checkpoint(
 
 
 def test_a_real_full_tmpfs(tmp_path):
-    """The same on a real 60 MB tmpfs (needs mount: root on Linux; skipped elsewhere)."""
+    """The same on a real 6 MB tmpfs: one 4.3 MB checkpoint fits, the second does not (needs mount: root on
+    Linux; skipped elsewhere)."""
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
     try:
         proc = subprocess.run(

@@ -13,18 +13,18 @@ import torch
 
 from launch.checkpoint import latest_checkpoint, load_model_weights
 from models import GPT, get_preset
-from tests.helpers import ROOT, SMALL, TINY, env, free_port, metrics, run_train, train_cmd, train_losses
+from tests.helpers import ROOT, SMALL, TINY, env, free_port, metrics, run_many, run_train, train_cmd, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 # Accumulation on: 8 sequences per step in micro-batches of 2 -> 4 micro-batches on 1 rank, 2 on 2.
-# vocab 50257 (odd): the embedding's shards are uneven on 2 ranks. FSDP2 builds on the meta device
+# vocab 4099 (odd): the embedding's shards are uneven on 2 ranks. FSDP2 builds on the meta device
 # (the default): every rank fills only its shards, and the weights still equal one process's.
 EQUAL = [
     "train.micro_batch_size=2",
     "train.max_steps=6",
     "train.eval_every=6",
-    "model.vocab_size=50257",
+    "model.vocab_size=4099",
     "optim.warmup_steps=2",
     "train.ckpt_every=3",
 ]
@@ -32,7 +32,7 @@ EQUAL = [
 
 def final_weights(run_dir) -> dict[str, torch.Tensor]:
     center = "center" in run_dir.name
-    model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64, vocab_size=50257, center_mlp=center))
+    model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64, vocab_size=4099, center_mlp=center))
     load_model_weights(latest_checkpoint(run_dir / "checkpoints"), model)
     return model.state_dict()
 
@@ -61,6 +61,11 @@ def single_runs(tmp_path_factory):
     return {}
 
 
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    return {}
+
+
 CASES = [(b, o) for b in ("ddp", "fsdp") for o in ("adamw", "muon_moonlight", "orscale_lm")]
 CASES += [("zero1", "orscale_lm"), ("zero2", "orscale_lm"), ("zero2", "adamw")]
 # The CBP family (issue 12): per-block norms summed across shards / owners; M2's mean averaged.
@@ -83,11 +88,23 @@ def _optim_args(optim: str) -> list[str]:
 
 
 def _single(tmp_path_factory, single_runs, optim: str):
-    if optim not in single_runs:
-        single = tmp_path_factory.mktemp(f"single-{optim.replace('+', '-')}")
-        run_train([f"run.dir={single}", *_optim_args(optim), *EQUAL])
-        single_runs[optim] = single
+    """The one-process reference of `optim`; on first use, every optimizer's, in one launch."""
+    if not single_runs:
+        optims = sorted({o for _, o in CASES})
+        dirs = {o: tmp_path_factory.mktemp(f"single-{o.replace('+', '-')}") for o in optims}
+        run_many([[f"run.dir={dirs[o]}", *_optim_args(o), *EQUAL] for o in optims])
+        single_runs.update(dirs)
     return single_runs[optim]
+
+
+def _two_ranks(tmp_path_factory, two_rank_runs, backend: str, optim: str):
+    """The 2-rank run of (backend, optim); on first use of a backend, all of its cases in one launch."""
+    if backend not in two_rank_runs:
+        optims = [o for b, o in CASES if b == backend]
+        dirs = {o: tmp_path_factory.mktemp(f"{backend}-{o.replace('+', '-')}") for o in optims}
+        run_many([[f"run.dir={dirs[o]}", *_optim_args(o), f"parallel.backend={backend}", *EQUAL] for o in optims], 2)
+        two_rank_runs[backend] = dirs
+    return two_rank_runs[backend][optim]
 
 
 def _weight_rtol(optim: str) -> float | None:
@@ -99,10 +116,9 @@ def _weight_rtol(optim: str) -> float | None:
 
 
 @pytest.mark.parametrize("backend, optim", CASES)
-def test_two_ranks_match_one_process(tmp_path_factory, single_runs, optim, backend):
+def test_two_ranks_match_one_process(tmp_path_factory, single_runs, two_rank_runs, optim, backend):
     single = _single(tmp_path_factory, single_runs, optim)
-    two = tmp_path_factory.mktemp(f"{backend}-{optim.replace('+', '-')}")
-    run_train([f"run.dir={two}", *_optim_args(optim), f"parallel.backend={backend}", *EQUAL], nproc=2)
+    two = _two_ranks(tmp_path_factory, two_rank_runs, backend, optim)
     # With M2 the losses still agree to ~1e-6, but the means are summed in other row orders on 2
     # ranks and M3's division by √v̂ + ζ grows that ~1e-7 noise in small elements: measured after 6
     # steps, worst tensor 1e-6 under DDP, 7e-5 under FSDP2 and 1.5e-4 under ZeRO-2, both on

@@ -5,13 +5,14 @@ OrScale-LM's calibration constants come through bit-equal (issue 25's portabilit
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from launch.checkpoint.portable import calibration_constants
 from models import GPT, get_preset
-from tests.helpers import run_train, train_losses
+from tests.helpers import run_many, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -22,31 +23,45 @@ PAIRS = [(src, dst) for src in RANKS for dst in RANKS if src != dst]
 
 def _shapes() -> dict[str, torch.Size]:
     with torch.device("meta"):
-        model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64))
+        model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64, vocab_size=4096))
     return {n: p.shape for n, p in model.named_parameters()}
 
 
-def _run(backend: str, run_dir, steps: int) -> None:
-    run_train(
-        [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"], nproc=RANKS[backend]
-    )
+def _args(backend: str, run_dir, steps: int) -> list[str]:
+    return [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"]
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Each backend's run saved at step 2, and one uninterrupted 4-step run (one process)."""
+    """Each backend's run saved at step 2, and one uninterrupted 4-step run (one process); one
+    launch per world size."""
     root = tmp_path_factory.mktemp("portable")
-    for backend in RANKS:
-        _run(backend, root / f"from_{backend}", 2)
-    _run("none", root / "straight", 4)
+    for nproc in sorted(set(RANKS.values())):
+        runs = [_args(b, root / f"from_{b}", 2) for b, n in RANKS.items() if n == nproc]
+        run_many(runs + ([_args("none", root / "straight", 4)] if nproc == 1 else []), nproc)
     return root
 
 
+@pytest.fixture(scope="module")
+def resumed(saved, tmp_path_factory):
+    """dst -> {src: a copy of src's run resumed under dst to step 4}, each dst's resumes in one launch."""
+    out: dict[str, dict[str, Path]] = {}
+
+    def get(src: str, dst: str) -> Path:
+        if dst not in out:
+            root = tmp_path_factory.mktemp(f"to_{dst}")
+            out[dst] = {s: root / f"from_{s}" for s in RANKS if s != dst}
+            for s, run_dir in out[dst].items():
+                shutil.copytree(saved / f"from_{s}", run_dir)
+            run_many([_args(dst, run_dir, 4) for run_dir in out[dst].values()], RANKS[dst])
+        return out[dst][src]
+
+    return get
+
+
 @pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{s}-to-{d}" for s, d in PAIRS])
-def test_a_checkpoint_resumes_under_every_other_backend(saved, tmp_path, src, dst):
-    run_dir = tmp_path / "run"
-    shutil.copytree(saved / f"from_{src}", run_dir)
-    _run(dst, run_dir, 4)
+def test_a_checkpoint_resumes_under_every_other_backend(saved, resumed, src, dst):
+    run_dir = resumed(src, dst)
     got, want = train_losses(run_dir), train_losses(saved / "straight")
     for step in (3, 4):  # 3: the weights and data position came through; 4: the optimizer state too
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)

@@ -326,7 +326,8 @@ def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_p
     from launch.loop import main as train_main
     from tests.helpers import SMALL, TINY
 
-    base = ["--config", TINY, *SMALL, f"run.dir={tmp_path}", "optim.name=adamw", "train.eval_every=0"]
+    gpt2 = ["data.tokenizer=assets/tokenizers/gpt2", "model.vocab_size=50304"]  # room for Mistral's 32k below
+    base = ["--config", TINY, *SMALL, *gpt2, f"run.dir={tmp_path}", "optim.name=adamw", "train.eval_every=0"]
     assert train_main([*base, "train.max_steps=2"]) == 0
     for change, key in (
         ("optim.name=orscale_lm", "config.optim.name"),

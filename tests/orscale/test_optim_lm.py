@@ -17,9 +17,11 @@ import torch
 
 from models import GPT, get_preset
 from orscale import OptimConfig, build_optimizers
-from tests.helpers import ROOT, TINY, env, metrics
+from tests.helpers import BPE4K, ROOT, TINY, env, metrics
 
 LM = [
+    f"data.tokenizer={BPE4K}",  # a 4k vocabulary: the head is not most of the step, as at scale
+    "model.vocab_size=4096",
     "model.n_layer=1",
     "model.d_model=192",
     "model.n_head=3",
