@@ -148,7 +148,7 @@ class Checkpointer:
                 work()
             except (OSError, RuntimeError, CheckpointException) as err:  # DCP's is a BaseException
                 error = err
-            self._agree(error, step, need or dir_bytes(tmp), latest, tmp)
+            self._agree(error, step, need, latest, tmp)
 
         def prepare() -> None:
             if self.env.is_main:
@@ -184,6 +184,9 @@ class Checkpointer:
         not a file-system failure is re-raised as it is where it happened)."""
         line = None
         if error is not None:
+            # Sized only on a failure, on the failing rank: walking `tmp` on every stage raced with
+            # rank 0's publish, which renames it away while another rank is still reading it.
+            need = need or dir_bytes(tmp)
             line = describe_failure(error, self.root, need, latest)
             if line is None:
                 line = f"rank {self.env.rank} failed: {type(error).__name__}: {str(error).splitlines()[0]}"

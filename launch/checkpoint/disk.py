@@ -34,7 +34,14 @@ def free_bytes(path: Path) -> int:
 
 
 def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+    """Bytes of the files under `path`; a file that vanishes meanwhile counts 0 (a size is advice)."""
+    total = 0
+    for f in path.rglob("*") if path.is_dir() else ():
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def describe_failure(err: BaseException, root: Path, need: int, latest: Path | None) -> str | None:
