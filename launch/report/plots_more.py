@@ -119,7 +119,9 @@ def plot_diag(ctx: dict, rows: list, path: Path) -> None:
                     [Line2D([], [], ls=st, color="grey") for _, st, _ in fields],
                     [lb for _, _, lb in fields],
                     fontsize=7,
-                    loc="best",
+                    loc="upper left",  # outside the panel: inside, it covered r_raw's plateau
+                    bbox_to_anchor=(1.02, 1.0),
+                    borderaxespad=0,
                 )
     handles = [Line2D([], [], color=color(n)) for n in runs]
     labels = [f"{opt_name(n)}: seeds {', '.join(str(s) for s, _ in lst)} (one line each)" for n, lst in runs.items()]
@@ -132,7 +134,7 @@ def plot_diag(ctx: dict, rows: list, path: Path) -> None:
         f"Muon-family diagnostics per matrix class at the best LR, {chosen.short} (N={chosen.n_params:,.0f}), "
         "every seed"
     )
-    save(fig, path, title, bottom=1.0, dpi=80)
+    save(fig, path, title, bottom=1.0, right=1.6, dpi=80)
 
 
 def plot_diag_scales(ctx: dict, series: list, path: Path) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from evals.intervals import wilson_interval
 from launch.report.build import Group
 from launch.report.logs import downstream as read_downstream
 from launch.report.markdown_util import opt_name, table
@@ -94,8 +95,10 @@ def downstream(ctx: dict, pngs: dict[str, str]) -> list[str]:
     out += [
         "Each task's primary metric at the end of training, per scale × optimizer at the best LR, over the "
         "scored seeds: mean ± std, 95% t-interval over seeds (one seed: the task's Wilson interval over "
-        "examples), Δ vs AdamW paired by seed. *Near chance*: the interval holds the chance level, so the "
-        "model has not learned the task at this size and differences there mean nothing.",
+        "examples), the Wilson interval of that mean over the task's n examples (every seed scores the same "
+        "examples, so the seeds' interval alone leaves out the examples' sampling error), Δ vs AdamW paired "
+        "by seed (on the same examples). *Near chance*: either interval holds the chance level, so the model "
+        "has not shown that it learned the task and differences there mean little.",
         "",
     ]
     for task, items in sorted(data.items()):
@@ -106,8 +109,12 @@ def downstream(ctx: dict, pngs: dict[str, str]) -> list[str]:
             vals = list(e["values"].values())
             ti = t_interval(vals)
             lo, hi = (ti[1], ti[2]) if ti else (e["ci_one"] or (math.nan, math.nan))
+            # Every seed scores the same examples, so the seeds' interval leaves out the examples'
+            # sampling error: the Wilson interval of the mean accuracy over n examples holds it.
+            n = e["n"]
+            ex = wilson_interval(float(np.mean(vals)) * n, n) if vals and n else (math.nan, math.nan)
             chance = e["chance"]
-            near = finite(chance) and lo <= chance <= hi
+            near = finite(chance) and (lo <= chance <= hi or ex[0] <= chance <= ex[1])
             a = ref.get(e["row"].name)
             c = compare(e["values"], a["values"]) if a is not None and e["optim"] != "adamw" else None
             body.append(
@@ -119,6 +126,7 @@ def downstream(ctx: dict, pngs: dict[str, str]) -> list[str]:
                     if vals
                     else "—",
                     f"[{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) else "—",
+                    f"[{ex[0]:.3f}, {ex[1]:.3f}]" if math.isfinite(ex[0]) else "—",
                     str(len(vals)),
                     str(e["n"]) if e["n"] is not None else "?",
                     f"{chance:.3f}" if finite(chance) else "?",
@@ -130,7 +138,8 @@ def downstream(ctx: dict, pngs: dict[str, str]) -> list[str]:
                     "near chance" if near else "",
                 ]
             )
-        header = ["scale", "optimizer", "val loss", "accuracy", "95% interval", "seeds", "examples", "chance"]
+        header = ["scale", "optimizer", "val loss", "accuracy", "95% over seeds", "95% over examples"]
+        header += ["seeds", "examples", "chance"]
         out += table(header + ["Δ vs AdamW", "note"], body) + [""]
     if "downstream" in pngs:
         out += [f"![accuracy against validation loss]({pngs['downstream']})", ""]
