@@ -35,17 +35,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
 
-        def args(backend: str, run_dir: Path, steps: int) -> list[str]:
+        def cell(backend: str, run_dir: Path, steps: int) -> list[str]:
             return [*common, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"]
 
         # One launch per world size for the saves, one per destination for the resumes (run_many).
-        run_many([args("none", root / "from_none", 2), args("none", root / "straight", 4)])
-        run_many([args(b, root / f"from_{b}", 2) for b in RANKS if RANKS[b] == 2], 2)
+        run_many([cell("none", root / "from_none", 2), cell("none", root / "straight", 4)])
+        run_many([cell(b, root / f"from_{b}", 2) for b in RANKS if RANKS[b] == 2], 2)
         for dst in RANKS:
             for src in RANKS:
                 if src != dst:
                     shutil.copytree(root / f"from_{src}", root / f"{src}_to_{dst}")
-            run_many([args(dst, root / f"{src}_to_{dst}", 4) for src in RANKS if src != dst], RANKS[dst])
+            run_many([cell(dst, root / f"{src}_to_{dst}", 4) for src in RANKS if src != dst], RANKS[dst])
         want = train_losses(root / "straight")
         rows = []
         for src in RANKS:

@@ -24,6 +24,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 OPTIMS = ["adamw", "muon_moonlight", "orscale_lm"]
 LRS = [3e-3, 1e-2]
 COMMON = {
+    "data.tokenizer": "assets/tokenizers/bpe4k_ladder",  # a 4k head: GPT-2's 50k would be most of each step
+    "model.vocab_size": 4096,
     "data.seq_len": 32,
     "model.max_seq_len": 32,
     "data.val_tokens": 256,
@@ -124,7 +126,7 @@ def test_report_tables_and_pngs_match_logs(mini):
     md = (out / "report.md").read_text()
     assert summary["n_runs"] == 24 and summary["n_finished"] == 24 and len(summary["rows"]) == 2
     for row in summary["rows"]:
-        label = "a" if row["label"].endswith("d32,h2]") else "b"
+        label = "a" if ",d32," in row["label"] else "b"
         for opt in OPTIMS:
             g = row["groups"][opt]
             # Recompute from the logs: mean over seeds of the final val loss, per LR; the best LR wins.
@@ -162,7 +164,7 @@ def test_killed_cell_is_reported_then_rerun(mini, capsys):
     assert "last line torn" in summary["unfinished"]["b/orscale_lm/lr0.01-seed1"]
     md = (mini["tmp"] / "report_killed/report.md").read_text()
     assert "`b/orscale_lm/lr0.01-seed1`" in md.split("## Unfinished runs")[1]
-    row_b = next(r for r in summary["rows"] if r["label"].endswith("d64,h2]"))
+    row_b = next(r for r in summary["rows"] if ",d64," in r["label"])
     assert row_b["groups"]["orscale_lm"]["by_lr"]["0.01"]["n"] == 1  # never averaged in
     capsys.readouterr()
     assert sweep.main([str(mini["spec"])]) == 0
