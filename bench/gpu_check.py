@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_phases import COMPARED, LIMITS, OPTIMS, PLANS, RESERVE_S, ROOT, Plan, preflight, throughput
+from bench.gpu_phases import COMPARED, LIMITS, OPTIMS, PLANS, RESERVE_S, ROOT, DevicePlan, preflight, throughput
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def effective_compile(requested: str, preflight_compile: str | None) -> tuple[st
 
 @dataclass
 class Check:
-    plan: Plan
+    plan: DevicePlan
     out: Path
     scratch: Path
     deadline: float
@@ -115,7 +115,7 @@ class Check:
             os.replace(self.out / (name + ".tmp"), self.out / name)
 
 
-def comparisons(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+def comparisons(rows: list[dict[str, Any]], plan: DevicePlan) -> list[dict[str, Any]]:
     """Per preset, orscale_lm's step time over muon_moonlight's and adamw's: as measured (one
     micro-batch a step) and at configs/<preset>.yaml's tokens per step, where forward+backward
     scales with the accumulation and clip + optimizer stay once a step (an extrapolation)."""
@@ -216,12 +216,12 @@ def realtext_summary(run_dir: Path, shards: Path) -> dict[str, Any]:
     return {
         "steps": train[-1]["step"],
         "tokens trained": train[-1]["tokens"],
-        "corpus tokens (validation held out)": f"{corpus} ({held_out})",
-        "times the run sees the training text": train[-1]["tokens"] / max(corpus - held_out, 1),
+        "corpus tokens (validation held out)": f"{corpus:,} ({held_out:,})",
+        "times the run sees the training text": round(train[-1]["tokens"] / max(corpus - held_out, 1), 3),
         "first train loss": train[0]["train_loss"],
         "last train loss": train[-1]["train_loss"],
         "val loss": val[-1]["val_loss"] if val else None,
-        "tokens/s (last log window)": train[-1]["tokens_per_s"],
+        "tokens/s (last log window)": f"{train[-1]['tokens_per_s']:,.0f}",
         "peak GiB": train[-1].get("peak_mem_gib"),
     }
 

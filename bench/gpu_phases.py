@@ -20,7 +20,7 @@ RESERVE_S = 40  # kept back for each phase still to come, so the last ones are n
 
 
 @dataclass(frozen=True)
-class Plan:
+class DevicePlan:
     """What one device runs. presets: name -> (context, micro-batch, model overrides)."""
 
     presets: dict[str, tuple[int, int, list[str]]]
@@ -32,7 +32,7 @@ class Plan:
     timeouts: dict[str, int] = field(default_factory=dict)
 
 
-GPU = Plan(
+GPU = DevicePlan(
     presets={"125m": (1024, 32, []), "1.1b": (4096, 8, [])},
     compared="125m",
     steps=10,
@@ -43,7 +43,7 @@ GPU = Plan(
     budget_s=480,
     timeouts={"preflight": 120, "throughput 125m": 150, "throughput 1.1b": 210, "fsdp_vs_none": 120, "realtext": 150},
 )
-CPU = Plan(
+CPU = DevicePlan(
     presets={"tiny": (64, 2, ["model.n_layer=2", "model.d_model=64"])},
     compared="tiny",
     steps=2,
@@ -142,7 +142,9 @@ def preflight(args: argparse.Namespace) -> None:
     emit(args.rows, info)
 
 
-def throughput(args: argparse.Namespace, plan: Plan, presets: list[str], backends: list[str], optims: tuple) -> None:
+def throughput(
+    args: argparse.Namespace, plan: DevicePlan, presets: list[str], backends: list[str], optims: tuple
+) -> None:
     import gc
 
     import torch
@@ -173,7 +175,9 @@ def throughput(args: argparse.Namespace, plan: Plan, presets: list[str], backend
     shutdown()
 
 
-def measure(args: argparse.Namespace, plan: Plan, preset: str, optim: str, env: Any, micro: int) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, plan: DevicePlan, preset: str, optim: str, env: Any, micro: int
+) -> dict[str, Any]:
     """Model and optimizers built fresh, synthetic tokens, `plan.warmup` steps, then `plan.steps`
     timed: wall clock for throughput, and per step CUDA events (read once, after the last
     synchronize; perf_counter on CPU) around forward+backward, gradient clipping, optimizer step."""

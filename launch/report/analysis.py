@@ -1,4 +1,4 @@
-"""The four answers at the top of the report, computed from the rows (launch/report/build.py):
+"""The four answers at the top of the report, computed from the rows (launch/report/rows.py):
 
 1. who wins at each scale, by how much (paired Δ with a t-interval, p, Holm over the tests);
 2. the data-efficiency multiplier over AdamW from AdamW's L(D) at one scale, with an interval;
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from launch.report.build import REFS, Group, Row
+from launch.report.rows import REFS, Group, Row
 from launch.report.series import budget_rows, main_series, usable
 from launch.report.stats import (
     Comparison,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from launch.report.build import Group
 from launch.report.markdown_util import OPT_NAMES, human, opt_name, table
+from launch.report.rows import Group
 from launch.report.selection import selection_line
 from launch.report.series import usable
 

@@ -1,14 +1,13 @@
-"""report.md and summary.json for launch.report (the numbers come from launch/report/build.py and
+"""report.md and summary.json for launch.report (the numbers come from launch/report/rows.py and
 analysis.py; the top section is headline.py, the later detail sections are here and in sections.py)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 from launch.report import headline, sections
-from launch.report.markdown_util import OPT_NAMES, opt_name, table
+from launch.report.markdown_util import OPT_NAMES, fmt, fmt_lr, opt_name, provenance, table
 from launch.report.series import usable
 from launch.report.stats import holm
 
@@ -19,7 +18,7 @@ def _num(x: Any) -> Any:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, provenance: Callable) -> str:
+def render(ctx: dict, pngs: dict[str, str]) -> str:
     runs, root = ctx["runs"], ctx["runs_dir"]
     n_fin = sum(r.finished for r in runs)
     out = [
@@ -35,10 +34,10 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
         "",
     ]
     out += headline.render(ctx, pngs)
-    out += _paper_table(ctx, fmt, fmt_lr, provenance)
-    out += _significance(ctx, fmt)
-    out += _lr_sensitivity(ctx, pngs, fmt, fmt_lr)
-    out += _scaling(ctx, pngs, fmt)
+    out += _paper_table(ctx)
+    out += _significance(ctx)
+    out += _lr_sensitivity(ctx, pngs)
+    out += _scaling(ctx, pngs)
     out += sections.curves(ctx, pngs)
     out += sections.downstream(ctx, pngs)
     out += sections.hyperparameters(ctx)
@@ -47,7 +46,7 @@ def render(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable, pro
     return "\n".join(out)
 
 
-def _paper_table(ctx: dict, fmt: Callable, fmt_lr: Callable, provenance: Callable) -> list[str]:
+def _paper_table(ctx: dict) -> list[str]:
     rows, runs, root = ctx["rows"], ctx["runs"], ctx["runs_dir"]
     out = ["## Final validation loss at the best learning rate", ""]
     body = []
@@ -102,7 +101,7 @@ def _paper_table(ctx: dict, fmt: Callable, fmt_lr: Callable, provenance: Callabl
     return out
 
 
-def _significance(ctx: dict, fmt: Callable) -> list[str]:
+def _significance(ctx: dict) -> list[str]:
     comps = ctx["comparisons"]
     keys = [k for k, c in comps.items() if c is not None and c.p is not None]
     adjusted = dict(zip(keys, holm([comps[k].p for k in keys]), strict=True))
@@ -152,7 +151,7 @@ def _significance(ctx: dict, fmt: Callable) -> list[str]:
     return out + (table(header, body) if body else ["No comparisons."]) + [""]
 
 
-def _lr_sensitivity(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Callable) -> list[str]:
+def _lr_sensitivity(ctx: dict, pngs: dict[str, str]) -> list[str]:
     out = [
         "## Learning-rate sensitivity",
         "",
@@ -189,7 +188,7 @@ def _lr_sensitivity(ctx: dict, pngs: dict[str, str], fmt: Callable, fmt_lr: Call
     return out
 
 
-def _scaling(ctx: dict, pngs: dict[str, str], fmt: Callable) -> list[str]:
+def _scaling(ctx: dict, pngs: dict[str, str]) -> list[str]:
     out = [
         "## Scaling",
         "",

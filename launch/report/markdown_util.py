@@ -1,12 +1,16 @@
-"""Small shared pieces of report.md and summary.json: optimizer display names, the table writer and
-strict JSON."""
+"""Small shared pieces of report.md and summary.json: optimizer display names, the table writer,
+number and provenance formatting, and strict JSON."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from launch.run.records import RunRecord
 
 OPT_NAMES = {
     "adamw": "AdamW",
@@ -49,3 +53,27 @@ def human(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{unit}"
     return f"{n:.3g}"
+
+
+def fmt(x: float | None, nd: int = 4, sign: bool = False) -> str:
+    if x is None:
+        return "—"
+    if not math.isfinite(x):
+        return "diverged" if isinstance(x, float) and math.isnan(x) else str(x)
+    return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+
+
+def fmt_lr(lr: float) -> str:
+    return f"{lr:.4g}"
+
+
+def short_commit(c: str) -> str:
+    """First 10 hex digits, keeping train.py's '-dirty' mark (uncommitted changes) visible."""
+    return c[:10] + ("-dirty" if c.endswith("-dirty") else "")
+
+
+def provenance(runs: list[RunRecord], root: Path) -> str:
+    return "<br>".join(
+        f"`{r.path.relative_to(root)}` @{'+'.join(map(short_commit, r.commits)) or 'unknown'} cfg:{r.cfg_hash}"
+        for r in runs
+    )

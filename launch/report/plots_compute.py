@@ -1,5 +1,5 @@
 """Compute and throughput figures: validation loss against training FLOPs over the scaling series,
-and tokens/s per scale × optimizer (helpers and colours from launch/report/plots.py)."""
+and tokens/s per scale × optimizer (helpers and colours from launch/report/plot_kit.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from launch.report.markdown_util import human, opt_name
-from launch.report.plots import (
+from launch.report.plot_kit import (
     COLORS,
     LOSS,
     MARKERS,

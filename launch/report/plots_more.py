@@ -1,6 +1,6 @@
 """More figures: Muon-family diagnostics per matrix class, the same at the end of training against
 N, downstream accuracy against validation loss, and AdamW's L(D) with the other optimizers'
-budgets (the data-efficiency picture). Helpers and colours come from launch/report/plots.py."""
+budgets (the data-efficiency picture). Helpers and colours come from launch/report/plot_kit.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 
 from launch.report.logs import CLASS_NAMES, CLASSES, diag_series
 from launch.report.markdown_util import opt_name
-from launch.report.plots import LOSS, MARKERS, color, empty, figure, log_axis, n_axis, save, shade
+from launch.report.plot_kit import LOSS, MARKERS, color, empty, figure, log_axis, n_axis, save, shade
 from launch.report.series import usable
 from launch.report.stats import t_interval
 

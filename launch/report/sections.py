@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from evals.intervals import wilson_interval
-from launch.report.build import Group
 from launch.report.logs import downstream as read_downstream
 from launch.report.markdown_util import opt_name, table
+from launch.report.rows import Group
 from launch.report.series import usable
 from launch.report.stats import compare, t_interval
 from launch.run.records import RunRecord, finite

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.report.build import Group, Row
+from launch.report.rows import Group, Row
 
 PLAN_FILE = "sweep_plan.json"  # launch.sweep.plan.PLAN_FILE (not imported: the report reads logs only)
 _RUN_DIR = re.compile(r"^lr[0-9.e+-]+-seed-?\d+$")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from launch.report.build import Group, Row
+from launch.report.rows import Group, Row
 from launch.report.stats import fit_power_law
 
 
