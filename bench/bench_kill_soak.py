@@ -44,6 +44,9 @@ def main() -> None:
     backend = [f"parallel.backend={args.backend or ('fsdp' if args.nproc > 1 else 'none')}"]
     common = [*OVERRIDES, *backend, f"train.max_steps={args.steps}"]
 
+    # An untimed launch first: a fresh machine's first launch pays one-time costs (DeepSpeed builds its
+    # CPU op, ~40 s) that would stretch the kill window far past a relaunch, so most kills would miss.
+    run(train_cmd([f"run.dir={tmp / 'warmup'}", *OVERRIDES, *backend, "train.max_steps=1"], args.nproc))
     t0 = time.perf_counter()
     ref = run(train_cmd([f"run.dir={tmp / 'straight'}", *common], args.nproc))
     assert ref.returncode == 0, ref.stderr[-2000:]
