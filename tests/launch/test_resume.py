@@ -105,24 +105,6 @@ def test_a_launcher_killed_during_start_up_takes_its_workers_along(tmp_path):
     assert _survivors(run_dir) == [], "a worker outlived its launcher"
 
 
-def test_adopted_by_init_tells_an_init_from_a_launcher_at_pid_1(monkeypatch):
-    from launch.runtime import parent_death
-
-    monkeypatch.setattr(parent_death.os, "getppid", lambda: 1)
-    for init, adopted in (
-        ("/sbin/init", True),
-        ("/usr/bin/tini -- bash", True),
-        ("", False),
-        ("/usr/bin/python3 -m torch.distributed.run train.py", False),
-        ("torchrun train.py", False),
-    ):
-        monkeypatch.setattr(parent_death, "init_cmdline", lambda init=init: init)
-        assert parent_death.adopted_by_init() is adopted, init
-    monkeypatch.setattr(parent_death.os, "getppid", lambda: 4242)
-    monkeypatch.setattr(parent_death, "init_cmdline", lambda: "/sbin/init")
-    assert not parent_death.adopted_by_init()
-
-
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
 def test_sigkill_then_auto_resume_is_bit_exact_one_process(tmp_path, optim):
     common = [f"optim.name={optim}", "train.max_steps=8", "train.ckpt_every=3", "train.eval_every=4"]

@@ -1,0 +1,149 @@
+"""The process plumbing in the fast loop: parent death, torchrun's user-error path, the launcher's
+signal forwarding and the report's command line. Each runs in-process or starts a bare Python (no
+torch import), so none of them costs more than a second; the end-to-end kill and SIGTERM runs under
+torchrun are in test_resume.py (slow)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from launch import launcher
+from launch.report import cli as report_cli
+from launch.runtime import elastic, parent_death
+from tests.helpers import ROOT
+
+
+def test_adopted_by_init_tells_an_init_from_a_launcher_at_pid_1(monkeypatch):
+    monkeypatch.setattr(parent_death.os, "getppid", lambda: 1)
+    for init, adopted in (
+        ("/sbin/init", True),
+        ("/usr/bin/tini -- bash", True),
+        ("", False),
+        ("/usr/bin/python3 -m torch.distributed.run train.py", False),
+        ("torchrun train.py", False),
+    ):
+        monkeypatch.setattr(parent_death, "init_cmdline", lambda init=init: init)
+        assert parent_death.adopted_by_init() is adopted, init
+    monkeypatch.setattr(parent_death.os, "getppid", lambda: 4242)
+    monkeypatch.setattr(parent_death, "init_cmdline", lambda: "/sbin/init")
+    assert not parent_death.adopted_by_init()
+
+
+# Reads the process's parent-death signal back from the kernel (PR_GET_PDEATHSIG = 2).
+_PDEATHSIG = """
+import ctypes, sys
+from launch.runtime.parent_death import die_with_parent
+die_with_parent()
+sig = ctypes.c_int(-1)
+ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))
+print(sig.value)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("under_torchrun", [True, False])
+def test_a_worker_asks_to_die_with_its_launcher_only_under_torchrun(under_torchrun):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    if under_torchrun:
+        env["TORCHELASTIC_RUN_ID"] = "test"
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", _PDEATHSIG], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == (int(signal.SIGKILL) if under_torchrun else 0)
+
+
+def _failed(*exitcodes: int) -> ChildFailedError:
+    failures = {
+        r: ProcessFailure(local_rank=r, pid=1000 + r, exitcode=c, error_file="<N/A>") for r, c in enumerate(exitcodes)
+    }
+    return ChildFailedError("train.py", failures)
+
+
+def test_torchrun_stays_quiet_when_every_worker_stopped_on_a_user_error(monkeypatch):
+    def run(args):
+        raise _failed(elastic.USER_ERROR, elastic.USER_ERROR)
+
+    monkeypatch.setattr(elastic, "run", run)
+    assert elastic.main(["--nproc_per_node=2", "train.py"]) == elastic.USER_ERROR
+
+
+def test_a_worker_crash_keeps_torchruns_report(monkeypatch):
+    def run(args):
+        raise _failed(elastic.USER_ERROR, -9)  # one rank said why, the other was killed: a crash
+
+    monkeypatch.setattr(elastic, "run", run)
+    with pytest.raises(ChildFailedError):
+        elastic.main(["--nproc_per_node=2", "train.py"])
+
+
+def test_the_user_error_filter_drops_only_exit_status_2():
+    keep = elastic._HideUserErrorExits().filter
+    line = "failed (exitcode: {}) local_rank: 0 (pid: 1) of binary: python"
+    make = lambda msg: logging.LogRecord("x", logging.ERROR, __file__, 1, msg, None, None)
+    assert not keep(make(line.format(2)))
+    assert keep(make(line.format(1))) and keep(make(line.format(-9)))
+
+
+# A stand-in for `python -m launch.runtime.elastic`: one "worker" child that, on SIGTERM, writes a
+# mark (the checkpoint it would save) and exits 0; the stand-in exits with the worker's status.
+_FAKE_TORCHRUN = """
+import subprocess, sys
+sys.exit(subprocess.Popen([sys.executable, sys.argv[1]]).wait())
+"""
+_FAKE_WORKER = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    pathlib.Path(sys.argv[0]).with_name("saved").write_text("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[0]).with_name("ready").write_text("up")
+time.sleep(60)
+sys.exit(3)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher's parent-death path is Linux's")
+def test_the_launcher_forwards_sigterm_to_the_workers_and_exits_with_them(tmp_path, monkeypatch):
+    mark, ready = tmp_path / "saved", tmp_path / "ready"
+    (tmp_path / "worker.py").write_text(_FAKE_WORKER)
+    (tmp_path / "torchrun.py").write_text(_FAKE_TORCHRUN)
+    fake = tmp_path / "fake_python"  # ignores `-m launch.runtime.elastic ARGS`
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'torchrun.py'} {tmp_path / 'worker.py'}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(launcher.sys, "executable", str(fake))  # the launcher's `python -m ...elastic`
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def preempt():
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends the launcher
+
+    threading.Thread(target=preempt, daemon=True).start()
+    try:
+        rc = launcher.main(["--nproc_per_node=1", "train.py"])
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert rc == 0  # the worker finished its "save" and exited 0; torchrun with it
+    assert mark.read_text() == "saved"
+
+
+def test_report_cli_missing_dir_is_one_line_and_an_empty_one_reports_nothing(tmp_path, capsys):
+    assert report_cli.main([str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: runs directory '{tmp_path / 'nope'}' not found"]
+    (tmp_path / "runs").mkdir()
+    assert report_cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    assert "(0 runs, 0 finished, 0 table rows)" in capsys.readouterr().out
+    assert "0 run directories" in Path(tmp_path / "out" / "report.md").read_text()
