@@ -261,28 +261,26 @@ def _shape(run: RunRecord) -> tuple[int | None, int | None]:
     return n_layer, d_model
 
 
+def _row_key(r: RunRecord) -> tuple:
+    """What puts two runs in one row: scale, steps, tokens per step, context and the other settings."""
+    return (
+        scale_label(r),
+        r.cfg("train.max_steps"),
+        r.cfg("train.tokens_per_step"),
+        r.cfg("data.seq_len"),
+        _hash(_drop(r.config, NOT_IN_ROW)),
+    )
+
+
 def build_rows(runs: list[RunRecord]) -> list[Row]:
     setups = _paper_setups()
     rows: dict[tuple, Row] = {}
     variants: dict[tuple, set] = {}
     finished = [r for r in runs if r.finished]
-    for r in finished:
-        key = (
-            scale_label(r),
-            r.cfg("train.max_steps"),
-            r.cfg("train.tokens_per_step"),
-            r.cfg("data.seq_len"),
-            _hash(_drop(r.config, NOT_IN_ROW)),
-        )
+    keyed = [(_row_key(r), r) for r in finished]  # hashing a whole config: once per run
+    for key, r in keyed:
         variants.setdefault((key, r.cfg("optim.name")), set()).add(_hash(_drop(r.config["optim"], ("lr",))))
-    for r in finished:
-        key = (
-            scale_label(r),
-            r.cfg("train.max_steps"),
-            r.cfg("train.tokens_per_step"),
-            r.cfg("data.seq_len"),
-            _hash(_drop(r.config, NOT_IN_ROW)),
-        )
+    for key, r in keyed:
         if key not in rows:
             rows[key] = Row(
                 label=key[0],
