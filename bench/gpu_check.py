@@ -9,7 +9,8 @@ Phases: preflight (device, versions, bf16, a tiny torch.compile, a process group
 process per preset (compiling two presets in one process recompiles with dynamic shapes) x adamw /
 muon_moonlight / orscale_lm, the step split into forward+backward / clip / optimizer; FSDP2 on one
 device against no sharding; train.py on GPT-2 token shards of the bundled corpus (prepared in the
-background from the start). Token shards, the run dir and logs go to --scratch.
+background from the start). Token shards, the run dir and logs go to --scratch, outside --out by
+default, so that --out holds the two result files only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ from bench.gpu_phases import COMPARED, LIMITS, OPTIMS, PLANS, RESERVE_S, ROOT, D
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/gpu_check.sh", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="gets gpu_check.json and gpu_check.md")
-    p.add_argument("--scratch", help="token shards, the run dir and logs (default: <out>/scratch)")
+    p.add_argument("--scratch", help="token shards, the run dir and logs (default: a new directory under $TMPDIR)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--compile", choices=["blocks", "model", "none"], help="default: blocks on cuda, none on cpu")
     p.add_argument("--budget", type=int, help="seconds for the whole check (default: 480 on cuda)")
@@ -74,10 +76,10 @@ class Check:
         quiet = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         return {**os.environ, **quiet, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": path}
 
-    def phase(self, name: str, cmd: list[str], later: int, rows: bool = True) -> list[dict[str, Any]]:
-        """One phase's process under its timeout (its own, capped so that `later` phases keep
-        RESERVE_S each); records status, seconds, error line; returns the rows it wrote."""
-        left = self.deadline - time.monotonic() - RESERVE_S * later
+    def phase(self, name: str, cmd: list[str], keep_s: float, rows: bool = True) -> list[dict[str, Any]]:
+        """One phase's process under its timeout (its own, capped so that the phases still to come
+        keep `keep_s` seconds); records status, seconds, error line; returns the rows it wrote."""
+        left = self.deadline - time.monotonic() - keep_s
         timeout = min(self.plan.timeouts.get(name, self.plan.budget_s), left)
         record: dict[str, Any] = self.result["phases"].setdefault(name, {})
         record.update(status="skipped", timeout_s=round(max(timeout, 0)), error=None)
@@ -123,7 +125,7 @@ def comparisons(rows: list[dict[str, Any]], plan: DevicePlan) -> list[dict[str, 
 
     out = []
     for preset in plan.presets:
-        by = {r["optim"]: r for r in rows if r["preset"] == preset and r["backend"] == "fsdp"}
+        by = {r["optim"]: r for r in rows if r["preset"] == preset and r["backend"] == "fsdp" and "error" not in r}
         config = ROOT / "configs" / f"{preset}.yaml"
         tokens = yaml.safe_load(config.read_text())["train"]["tokens_per_step"] if config.is_file() else None
         for other, limit in LIMITS.items():
@@ -160,7 +162,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 # The throughput table's columns (row keys); MFU in %.
-COLUMNS = "preset optim backend micro_batch context tokens_per_s mfu_model mfu_opt mfu_total model_tflop_per_step "
+COLUMNS = "preset optim backend param_dtype micro_batch context tokens_per_s mfu_model mfu_model_causal mfu_opt "
+COLUMNS += "mfu_total model_tflop_per_step "
 COLUMNS += "opt_tflop_per_step peak_mem_gib fwd_bwd_ms clip_ms opt_ms step_ms notes"
 
 
@@ -168,12 +171,28 @@ def _digits(key: str) -> int:
     return 2 if key.endswith("_ms") else 3 if "tflop" in key else 0 if key == "tokens_per_s" else 1
 
 
+def mfu_legend(pre: dict[str, Any]) -> str:
+    """What the MFU columns mean, and the two ceilings they can be read against."""
+    peak, found = pre.get("peak_tflops"), pre.get("matmul_tflops")
+    ceiling = f"{found:.3g} TFLOP/s" if isinstance(found, (int, float)) else "not measured"
+    share = f" ({found / peak:.0%} of the datasheet)" if isinstance(found, (int, float)) and peak else ""
+    return (
+        f"MFU in % of the device's dense bf16 datasheet peak ({_fmt(peak, 0)} TFLOP/s; the preflight's measured "
+        f"{pre.get('matmul', '8192³ bf16')} matmul: {ceiling}{share}). mfu_model counts attention over the "
+        "whole T×T square (the PaLM/nanoGPT convention, 6N + 12·L·d·T per token); mfu_model_causal the causal "
+        "half that flash attention executes (6N + 6·L·d·T). mfu_opt and opt_tflop: Newton-Schulz; mfu_total: model "
+        "(non-causal) + Newton-Schulz."
+    )
+
+
 def markdown(res: dict[str, Any]) -> str:
     pre = res.get("preflight") or {}
-    lines = [f"# Device check: {pre.get('device', res['device'])}, torch {pre.get('torch', '?')}", ""]
-    lines += [
-        f"{res['total_s']:.0f} s of a {res['budget_s']} s budget; compile: {res['compile']} {res['compile_note']}"
-    ]
+    # A check that could not compile measured eager throughput: the reader must see that first.
+    lines = [f"**Every phase ran eager, not compiled: {res['compile_note']}.**", ""] if res["compile_note"] else []
+    lines += [f"# Device check: {pre.get('device', res['device'])}, torch {pre.get('torch', '?')}", ""]
+    lines += [f"{res['total_s']:.0f} s of a {res['budget_s']} s budget; compile: {res['compile']}"]
+    if res.get("scratch"):
+        lines += ["", f"Scratch (token shards, the run, logs): `{res['scratch']}`"]
     head = ["phase", "status", "seconds", "timeout s", "error"]
     phases = [
         [n, p["status"], _fmt(p.get("seconds")), str(p["timeout_s"]), p.get("error") or ""]
@@ -186,14 +205,14 @@ def markdown(res: dict[str, Any]) -> str:
     if rows:
         keys = COLUMNS.split()
         lines += ["", "## Throughput (synthetic tokens; train.dtype auto: bf16 autocast on CUDA)", ""]
-        lines += ["MFU in % of the device's dense bf16 peak (opt: Newton-Schulz); opt_tflop: Newton-Schulz.", ""]
+        lines += [mfu_legend(pre), ""]
         lines += _table(keys, [[_fmt(_percent(k, r.get(k)), _digits(k)) for k in keys] for r in rows])
     if res.get("comparisons"):
         titles = "preset;orscale_lm over;step time ratio;limit;within;at the config's tokens/step;same micro-batch"
         fields = ("preset", "against", "ratio", "limit", "within", "ratio_at_config", "comparable")
         cells = [[_fmt(c[k], 3) for k in fields] for c in res["comparisons"]]
         lines += ["", "## OrScale-LM's step time", "", *_table(titles.split(";"), cells)]
-    fsdp = {(r["optim"], r["backend"]): r["tokens_per_s"] for r in res.get("fsdp_vs_none", [])}
+    fsdp = {(r["optim"], r["backend"]): r["tokens_per_s"] for r in res.get("fsdp_vs_none", []) if "error" not in r}
     pairs = [
         [o, _fmt(fsdp[o, "none"], 0), _fmt(fsdp[o, "fsdp"], 0), _fmt(fsdp[o, "fsdp"] / fsdp[o, "none"], 3)]
         for o in COMPARED
@@ -201,6 +220,10 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if pairs:
         lines += ["", "## FSDP2 on one device against no sharding", ""]
+        lines += [
+            "Both sides fp32 parameters under bf16 autocast (FSDP2's param_dtype=fp32 here): only the layout differs."
+        ]
+        lines += [""]
         lines += _table(["optimizer", "none tokens/s", "fsdp tokens/s", "fsdp / none"], pairs)
     if res.get("realtext"):
         lines += ["", "## Real text: train.py, data.source=tokens, the bundled corpus", ""]
@@ -228,11 +251,13 @@ def realtext_summary(run_dir: Path, shards: Path) -> dict[str, Any]:
 
 def orchestrate(args: argparse.Namespace) -> int:
     plan, out = PLANS[args.device], Path(args.out).resolve()
-    scratch = Path(args.scratch).resolve() if args.scratch else out / "scratch"
+    # Outside --out by default: the realtext run's checkpoint (~1 GB at 125m) is not a result file.
+    scratch = Path(args.scratch).resolve() if args.scratch else Path(tempfile.mkdtemp(prefix="orscale-gpu-check-"))
     (scratch / "logs").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     budget = args.budget or plan.budget_s
     result = {"device": args.device, "budget_s": budget, "compile": args.compile, "compile_note": "", "phases": {}}
+    result["scratch"] = str(scratch)
     check = Check(plan, out, scratch, time.monotonic() + budget, result)
     # The token shards, in the background from the start: CPU work that overlaps the device phases.
     shards, prep_t0 = scratch / "tokens", time.monotonic()
@@ -240,8 +265,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     with open(scratch / "logs" / "prepare.log", "w") as fh:
         prep = subprocess.Popen([*prep_cmd, "--no-progress"], cwd=ROOT, env=check.env(), stdout=fh, stderr=fh)
     me = [sys.executable, "-m", "bench.gpu_check", "--out", str(out), "--device", args.device]
-    after = len(plan.presets) + 2  # phases after the preflight
-    pre = check.phase("preflight", [*me, "--worker", "preflight", "--compile", args.compile], after)
+    # What the phases still to come keep: RESERVE_S each, and the realtext phase a floor of its own
+    # (it compiles an evaluation graph and writes a checkpoint, so it cannot live on leftovers).
+    keep = lambda phases_left: RESERVE_S * phases_left + plan.realtext_floor_s
+    first = [*me, "--worker", "preflight", "--compile", args.compile]
+    pre = check.phase("preflight", first, keep(len(plan.presets) + 1))
     result["preflight"] = pre[0] if pre else None
     result["compile"], result["compile_note"] = effective_compile(args.compile, pre[0].get("compile") if pre else None)
     ok = result["phases"]["preflight"]["status"] == "ok"  # else no device: the device phases are not run
@@ -249,12 +277,12 @@ def orchestrate(args: argparse.Namespace) -> int:
     result["throughput"] = []
     for i, preset in enumerate(plan.presets if ok else []):
         worker = [*me, "--worker", "throughput", "--preset", preset]
-        result["throughput"] += check.phase(f"throughput {preset}", worker, after - 1 - i)
+        result["throughput"] += check.phase(f"throughput {preset}", worker, keep(len(plan.presets) - i))
         result["comparisons"] = comparisons(result["throughput"], plan)
     if ok:
-        result["fsdp_vs_none"] = check.phase("fsdp_vs_none", [*me, "--worker", "fsdp_vs_none"], 1)
+        result["fsdp_vs_none"] = check.phase("fsdp_vs_none", [*me, "--worker", "fsdp_vs_none"], keep(0))
     try:
-        rc = prep.wait(timeout=max(check.deadline - time.monotonic() - RESERVE_S, 1))
+        rc = prep.wait(timeout=max(check.deadline - time.monotonic() - plan.realtext_floor_s, 1))
     except subprocess.TimeoutExpired:
         prep.kill()
         rc = prep.wait()
@@ -292,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.worker == "throughput":
         throughput(args, plan, [args.preset], ["fsdp"], OPTIMS)
     else:
-        throughput(args, plan, [plan.compared], ["none", "fsdp"], COMPARED)
+        throughput(args, plan, [plan.compared], ["none", "fsdp"], COMPARED, param_dtype="fp32")
     return 0
 
 

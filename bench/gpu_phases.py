@@ -30,6 +30,7 @@ class DevicePlan:
     real: list[str]  # train.py overrides of the real-text run (on configs/tiny.yaml)
     budget_s: int
     timeouts: dict[str, int] = field(default_factory=dict)
+    realtext_floor_s: int = 0  # kept for the realtext phase whatever the earlier phases took
 
 
 GPU = DevicePlan(
@@ -37,11 +38,14 @@ GPU = DevicePlan(
     compared="125m",
     steps=10,
     warmup=3,
-    real="model.preset=125m model.max_seq_len=1024 data.seq_len=1024 data.val_tokens=32768 data.val_batch_size=8 "
-    "data.logical_shards=8 train.tokens_per_step=8192 train.micro_batch_size=8 train.max_steps=200 "
-    "train.log_every=25 optim.lr=1e-3 optim.warmup_steps=20".split(),
+    # The throughput 125m phase's shapes (micro-batch 32 x 1024): its compiled block graph is reused
+    # from inductor's on-disk cache; the validation batch is the same size.
+    real="model.preset=125m model.max_seq_len=1024 data.seq_len=1024 data.val_tokens=32768 data.val_batch_size=32 "
+    "data.logical_shards=8 train.tokens_per_step=32768 train.micro_batch_size=32 train.max_steps=100 "
+    "train.log_every=25 optim.lr=1e-3 optim.warmup_steps=10".split(),
     budget_s=480,
     timeouts={"preflight": 120, "throughput 125m": 150, "throughput 1.1b": 210, "fsdp_vs_none": 120, "realtext": 150},
+    realtext_floor_s=150,
 )
 CPU = DevicePlan(
     presets={"tiny": (64, 2, ["model.n_layer=2", "model.d_model=64"])},
@@ -52,6 +56,7 @@ CPU = DevicePlan(
     "data.logical_shards=4 train.tokens_per_step=512 train.micro_batch_size=4 train.max_steps=4 "
     "train.log_every=2 optim.warmup_steps=2".split(),
     budget_s=1200,
+    realtext_floor_s=60,
 )
 PLANS = {"cuda": GPU, "cpu": CPU}
 
@@ -63,11 +68,15 @@ def emit(path: str, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
+def _describe(err: BaseException) -> str:
+    return f"error: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
 def _try(fn: Any) -> Any:
     try:
         return fn()
     except Exception as err:  # recorded, not raised: the orchestrator decides what follows from it
-        return f"error: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+        return _describe(err)
 
 
 def _sync(dev: Any) -> None:
@@ -134,6 +143,7 @@ def preflight(args: argparse.Namespace) -> None:
         shutdown()
         return "ok"
 
+    info["matmul"] = "8192³ bf16" if dev.type == "cuda" else "256³ fp32"
     info["matmul_tflops"] = _try(matmul)
     info["compile"] = "skipped (--compile none)" if args.compile == "none" else _try(tiny_compile)
     if dev.type == "cuda":
@@ -143,8 +153,15 @@ def preflight(args: argparse.Namespace) -> None:
 
 
 def throughput(
-    args: argparse.Namespace, plan: DevicePlan, presets: list[str], backends: list[str], optims: tuple
+    args: argparse.Namespace,
+    plan: DevicePlan,
+    presets: list[str],
+    backends: list[str],
+    optims: tuple,
+    param_dtype: str = "auto",
 ) -> None:
+    """`param_dtype`: FSDP2's `parallel.param_dtype`; fsdp_vs_none passes fp32, so that its FSDP2 rows
+    differ from the `none` rows (fp32 params under bf16 autocast) in the layout only."""
     import gc
 
     import torch
@@ -152,6 +169,7 @@ def throughput(
     from launch.runtime.process_group import init_distributed, shutdown
 
     micro: dict[str, int] = {}  # a micro-batch halved after an OOM stays halved: later rows stay comparable
+    failed: list[str] = []
     for backend in backends:  # `none` first: it needs no process group; `fsdp` makes one (of 1)
         env = init_distributed(backend, args.device)
         for preset in presets:
@@ -160,10 +178,15 @@ def throughput(
                 while True:
                     row = None
                     try:
-                        row = measure(args, plan, preset, optim, env, mb)
+                        row = measure(args, plan, preset, optim, env, mb, param_dtype)
                     except torch.cuda.OutOfMemoryError:
                         if mb == 1:
                             raise
+                    except Exception as err:  # this row's error line; the phase's other rows still run
+                        line = _describe(err)
+                        row = {"preset": preset, "optim": optim, "backend": backend, "micro_batch": mb, "error": line}
+                        notes.append(line)
+                        failed.append(f"{preset}/{optim}/{backend}: {line}")
                     gc.collect()  # the model and optimizers (compiled forwards hold reference cycles)
                     if env.device.type == "cuda":
                         torch.cuda.empty_cache()
@@ -173,10 +196,12 @@ def throughput(
                     mb = micro[preset] = mb // 2
                 emit(args.rows, {**row, "notes": "; ".join(notes)})
     shutdown()
+    if failed:
+        raise SystemExit(f"error: {len(failed)} row(s) failed; first: {failed[0]}")
 
 
 def measure(
-    args: argparse.Namespace, plan: DevicePlan, preset: str, optim: str, env: Any, micro: int
+    args: argparse.Namespace, plan: DevicePlan, preset: str, optim: str, env: Any, micro: int, param_dtype: str
 ) -> dict[str, Any]:
     """Model and optimizers built fresh, synthetic tokens, `plan.warmup` steps, then `plan.steps`
     timed: wall clock for throughput, and per step CUDA events (read once, after the last
@@ -185,6 +210,7 @@ def measure(
     from torch._dynamo.utils import counters
 
     from launch.config import load_config
+    from launch.engine.parallelize import fsdp_mixed_precision
     from launch.engine.torch_engine import TorchEngine
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import compute_dtype
@@ -195,6 +221,7 @@ def measure(
     overrides = f"model.preset={preset} model.max_seq_len={seq} data.seq_len={seq} data.val_tokens={seq} "
     overrides += f"data.logical_shards=1 optim.name={optim} parallel.backend={env.backend} "
     overrides += f"parallel.compile={args.compile} train.device={args.device} train.micro_batch_size={micro} "
+    overrides += f"parallel.param_dtype={param_dtype if env.backend == 'fsdp' else 'auto'} "
     cfg = load_config(None, [*overrides.split(), f"train.tokens_per_step={micro * seq}", *extra])
     cuda = env.device.type == "cuda"
     if cuda:
@@ -236,16 +263,20 @@ def measure(
     wall = time.perf_counter() - start
     ms = (lambda a, b: a.elapsed_time(b)) if cuda else (lambda a, b: (b - a) * 1e3)
     fb, clip, step = (sum(ms(m[j], m[j + 1]) for m in stamps) / len(stamps) for j in range(3))
-    flops = engine.model.flops_per_token(seq) * micro * seq
+    flops = engine.model.flops_per_token(seq) * micro * seq  # attention non-causal (PaLM convention)
+    causal = engine.model.flops_per_token(seq, causal=True) * micro * seq  # what flash attention executes
     matrices = route_parameters(engine.model, cfg.optim).matrices
     ns = sum(ns_flops(tuple(p.shape), cfg.optim.ns_steps) for _, p in matrices)
     peak = peak_tflops(env.device)  # dense bf16 TFLOP/s of the device by name (None: unknown, or a CPU)
     mfu = lambda f: f * plan.steps / wall / (peak * 1e12) if peak else None
     peak_mem = torch.cuda.max_memory_allocated(env.device) / 2**30 if cuda else None
     what = {"preset": preset, "optim": optim, "backend": env.backend, "compile": args.compile, "dtype": str(dtype)}
+    bf16 = env.backend == "fsdp" and fsdp_mixed_precision(cfg.parallel.param_dtype, dtype, env.device).param_dtype
+    what["param_dtype"] = "bf16" if bf16 else "fp32"
     size = {"context": seq, "micro_batch": micro, "steps": plan.steps, "tokens_per_s": micro * seq * plan.steps / wall}
     work = {"model_tflop_per_step": flops / 1e12, "opt_tflop_per_step": ns / 1e12, "mfu_model": mfu(flops)}
     rates = {
+        "mfu_model_causal": mfu(causal),
         "mfu_opt": mfu(ns),
         "mfu_total": mfu(flops + ns),
         "peak_mem_gib": peak_mem,

@@ -110,13 +110,13 @@ def encode_task(task: Task, encode: Callable[[list[str]], list[list[int]]], max_
 def _collate(docs: list[EncodedDoc]) -> Batch:
     rows = [c for d in docs for c in d.choices]
     T = max(1, max(len(c.tokens) for c in rows) - 1)
-    inputs = torch.zeros(len(rows), T, dtype=torch.long)
-    targets = torch.full((len(rows), T), -100, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    inputs = torch.zeros(len(rows), T, dtype=torch.long, device="cpu")
+    targets = torch.full((len(rows), T), -100, dtype=torch.long, device="cpu")
+    mask = torch.zeros(len(rows), T, dtype=torch.bool, device="cpu")
     for i, c in enumerate(rows):
         n = len(c.tokens) - 1
         if n > 0:
-            seq = torch.tensor(c.tokens, dtype=torch.long)
+            seq = torch.tensor(c.tokens, dtype=torch.long, device="cpu")
             inputs[i, :n], targets[i, :n] = seq[:-1], seq[1:]
         mask[i, c.cont_start - 1 : c.cont_start - 1 + c.n_tokens] = True
     return Batch(inputs, targets, mask, docs)
@@ -211,6 +211,7 @@ def counts(results: Sequence[DocResult]) -> Tensor:
             sum(1.0 / len(r.logliks) for r in results),
         ],
         dtype=torch.float64,
+        device="cpu",
     )
 
 

@@ -159,22 +159,24 @@ class GPT(nn.Module):
         if shape is None:
             tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
             shape = tuple(tensors[name].shape)
+        # device="cpu" on every factory: the model may be built under an ambient `torch.device(...)`
+        # context (CUDA, meta), and the generator, hence the numbers, must be the CPU one everywhere.
         leaf = name.rsplit(".", 1)[-1]
         if name.endswith("norm.weight"):
-            return torch.ones(shape)
+            return torch.ones(shape, device="cpu")
         if leaf in ("bias", "mu") or name in ("rope_cos", "rope_sin"):
-            return torch.zeros(shape)
+            return torch.zeros(shape, device="cpu")
         residual = name.endswith(("attn.out.weight", "mlp.down.weight"))
         std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer) if residual else self.cfg.init_std
-        gen = torch.Generator().manual_seed(tensor_seed(seed, name))
-        return torch.empty(shape).normal_(0.0, std, generator=gen)
+        gen = torch.Generator(device="cpu").manual_seed(tensor_seed(seed, name))
+        return torch.empty(shape, device="cpu").normal_(0.0, std, generator=gen)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
         """Every parameter from `init_value`, then the derived buffers. Callable again after
         `to_empty()`; sharded parameters are filled shard by shard from outside (launch/)."""
         if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
+            seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())  # the CPU generator, as documented
         for name, p in self.named_parameters():
             p.copy_(self.init_value(name, seed))
         self.init_buffers()
@@ -224,7 +226,10 @@ class GPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return total - self.tok_emb.weight.numel() if non_embedding else total
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (6N + attention), as in the PaLM/nanoGPT MFU estimate."""
+    def flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """Training FLOPs per token: 6N + attention. `causal=False` counts attention's QKᵀ and AV over
+        the whole T×T square (12·L·d·T, the PaLM/nanoGPT MFU convention); `causal=True` counts the
+        lower triangle a causal kernel (flash attention) executes, half of it."""
         c = self.cfg
-        return 6 * self.num_params() + 12 * c.n_layer * c.d_model * seq_len
+        attention = 12 * c.n_layer * c.d_model * seq_len
+        return 6 * self.num_params() + (attention / 2 if causal else attention)

@@ -87,7 +87,7 @@ def to_arcee_state_dict(
                 - state_dict[src + "mlp.down.weight"].double() @ state_dict[src + "mlp.down.mu"].double()
             )
             out[dst + "mlp.down_proj.bias"] = folded.to(dtype)
-            out[dst + "mlp.up_proj.bias"] = torch.zeros(4 * d, dtype=dtype)
+            out[dst + "mlp.up_proj.bias"] = torch.zeros(4 * d, dtype=dtype, device="cpu")
         out.update(
             {
                 dst + "self_attn.q_proj.weight": q,

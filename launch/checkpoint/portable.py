@@ -72,7 +72,7 @@ def _dcp_tensors(path: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(prefixes):
             if isinstance(md, TensorStorageMetadata):
-                template[key] = torch.zeros(md.size, dtype=md.properties.dtype)
+                template[key] = torch.zeros(md.size, dtype=md.properties.dtype, device="cpu")
             else:
                 template[key] = None  # a non-tensor entry (an int step): DCP puts the value there
     with warnings.catch_warnings():  # "assuming a single process": intended where no group exists

@@ -122,9 +122,12 @@ def fsdp_mixed_precision(param_dtype: str, dtype: torch.dtype, device: torch.dev
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     bf16 = param_dtype == "bf16" or (param_dtype == "auto" and dtype == torch.bfloat16 and device.type == "cuda")
-    return (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    )
+    # cast_forward_inputs=False: the default would cast every floating argument of each block, the
+    # fp32 RoPE tables included, to bf16; one process keeps them fp32 (the residual stream arrives
+    # in bf16 anyway, from the bf16 embedding), so the rotation is computed alike on every backend.
+    if bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    return MixedPrecisionPolicy()
 
 
 def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:

@@ -104,7 +104,8 @@ def score_prepared(
         return out
 
     results = {p.task.name: score_batches(fn, p.batches, env.rank, env.world_size, env.device) for p in prepared}
-    total = torch.stack([counts(results[p.task.name]) for p in prepared]) if prepared else torch.zeros(0, 5)
+    none = torch.zeros(0, 5, device="cpu")
+    total = torch.stack([counts(results[p.task.name]) for p in prepared]) if prepared else none
     # Counts are integers (and sums of 1/k) in float64: the sum over ranks is exact in any order.
     total = all_reduce_sum(total.to(env.device, torch.float64)).cpu()
     summaries = {p.task.name: summarize_task(p.task, total[i]) for i, p in enumerate(prepared)}

@@ -10,6 +10,7 @@ the device every step (no host sync) and read, agreed across ranks, only when th
 from __future__ import annotations
 
 import math
+import re
 import resource
 import time
 from typing import Any
@@ -20,19 +21,39 @@ from torch import Tensor
 
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 
-# Dense bf16 peak TFLOP/s per device (no sparsity figure, ever). Unknown devices and CPUs: no MFU.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+# Dense (no sparsity) bf16 tensor-core peak TFLOP/s by board, from NVIDIA's datasheets (they print
+# the sparse figure, twice these): H100 SXM 989.4, H100 NVL 835, H100 PCIe 756 (H100 datasheet,
+# nvidia.com/en-us/data-center/h100); H200 SXM 989, H200 NVL 835 (nvidia.com/en-us/data-center/h200);
+# GH200 989 (GH200 datasheet); A100 SXM and PCIe 312 (A100 datasheet); L40S 362.05 (L40S datasheet);
+# A10 125 (A10 datasheet). Matched against torch.cuda.get_device_name() in this order, so a PCIe or
+# NVL board is never read as an SXM one; a name not matched gets no MFU rather than a wrong one.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    (r"GH200", 989.4),
+    (r"H100.*NVL", 835.0),
+    (r"H100.*PCIe", 756.0),
+    (r"H100", 989.4),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
+    (r"H200.*NVL", 835.0),
+    (r"H200", 989.4),
+    (r"A100", 312.0),
+    (r"L40S", 362.05),
+    (r"\bA10\b", 125.0),
+)
+
+
+def peak_tflops_of(name: str) -> float | None:
+    """The dense bf16 peak of the board named `name` (as CUDA names it), or None if not known."""
+    return next((tflops for pattern, tflops in PEAK_TFLOPS if re.search(pattern, name, re.IGNORECASE)), None)
 
 
 def peak_tflops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in sorted(PEAK_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+    return peak_tflops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 class StepMeter:
-    def __init__(self, env: DistEnv, flops_per_token: float, params: int, non_embedding_params: int) -> None:
+    def __init__(
+        self, env: DistEnv, flops_per_token: tuple[float, float], params: int, non_embedding_params: int
+    ) -> None:
+        """`flops_per_token`: (attention counted whole, the PaLM convention; attention counted causal)."""
         self.env = env
         self.flops_per_token, self.params, self.non_embedding = flops_per_token, params, non_embedding_params
         self.peak = peak_tflops(env.device)
@@ -80,12 +101,14 @@ class StepMeter:
         loss = all_reduce_sum(self._loss_sum).item() / self.env.world_size / max(self._steps, 1)
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
         tokens_per_s = self._tokens / elapsed
-        mfu = self.flops_per_token * tokens_per_s / self.env.world_size / (self.peak * 1e12) if self.peak else None
+        per_device = tokens_per_s / self.env.world_size / (self.peak * 1e12) if self.peak else None
+        mfu, mfu_causal = (f * per_device if per_device else None for f in self.flops_per_token)
         cuda = self.env.device.type == "cuda"
         out = {
             "train_loss": loss,
             "tokens_per_s": tokens_per_s,
-            "mfu": mfu,
+            "mfu": mfu,  # attention counted non-causal (PaLM/nanoGPT); mfu_causal: what a causal kernel runs
+            "mfu_causal": mfu_causal,
             "peak_mem_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "data_wait_frac": min(self._wait / elapsed, 1.0),

@@ -38,14 +38,15 @@ class Progress:
         """The log line of a training record (metrics.jsonl's training line)."""
         done = record["step"] - self.start
         eta = (time.perf_counter() - self._t0) / done * (self.total - record["step"]) if done > 0 else math.nan
-        mfu = record.get("mfu")
+        mfu, causal = record.get("mfu"), record.get("mfu_causal")
+        shown = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
         parts = [
             f"step {record['step']}/{self.total}",
             f"loss {record['train_loss']:.4f}",
             f"lr {record['lr']:.2e}",
             f"grad {record['grad_norm']:.3g}",
             f"{record['tokens_per_s']:,.0f} tok/s",
-            f"MFU {100 * mfu:.1f}%" if isinstance(mfu, (int, float)) and math.isfinite(mfu) else "",
+            f"MFU {100 * mfu:.1f}%" + (f" ({100 * causal:.1f}% causal)" if shown(causal) else "") if shown(mfu) else "",
             f"ETA {_duration(eta)}",
         ]
         return " | ".join(p for p in parts if p)

@@ -31,6 +31,7 @@ TRAIN_KEYS = (
     "tokens",
     "tokens_per_s",
     "mfu",
+    "mfu_causal",
     "peak_mem_gib",
     "data_wait_frac",
     "params",

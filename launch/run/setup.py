@@ -255,7 +255,8 @@ def setup_run(cfg: Config) -> Run:
         f"resuming at step {state.step}" if state.step else "fresh start",
     )
     audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
-    meter = StepMeter(env, model.flops_per_token(cfg.data.seq_len), params, model.num_params(non_embedding=True))
+    flops = (model.flops_per_token(cfg.data.seq_len), model.flops_per_token(cfg.data.seq_len, causal=True))
+    meter = StepMeter(env, flops, params, model.num_params(non_embedding=True))
     return Run(
         cfg,
         env,

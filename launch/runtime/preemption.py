@@ -39,7 +39,7 @@ class StopFlag:
         if self._work is not None:
             self._work.wait()  # posted a step ago: already done
             decided = bool(self._posted.item() > 0)  # a CPU tensor: no device sync
-        self._posted = torch.tensor([float(self.raised)])
+        self._posted = torch.tensor([float(self.raised)], device="cpu")
         self._work = dist.all_reduce(self._posted, group=self._group, async_op=True)
         return decided
 

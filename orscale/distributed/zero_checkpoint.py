@@ -163,7 +163,7 @@ def read_logical_state(directory: Path, shapes: dict[str, torch.Size]) -> dict[s
             for key in saved.keys_under(f"flat/{name}/"):
                 base = f"flat/{name}/{key}"
                 if saved.has_pieces(base):
-                    full = torch.zeros(math.prod(shape), dtype=torch.float32)
+                    full = torch.zeros(math.prod(shape), dtype=torch.float32, device="cpu")
                     saved.fill(base, full, 0)
                     state[key] = full.view(shape)
                 else:
@@ -193,7 +193,7 @@ def load_zero_state(
             state: dict[str, Any] = {}
             for key in sorted(keys):
                 if any(saved.has_pieces(f"flat/{name}/{key}") for name in layout.names):
-                    buf = torch.zeros(part.numel(), dtype=torch.float32)
+                    buf = torch.zeros(part.numel(), dtype=torch.float32, device="cpu")
                     for pc in (pc for ps in layout.pieces for pc in ps if pc.rank == layout.rank):
                         saved.fill(
                             f"flat/{layout.names[pc.k]}/{key}", buf[pc.part_off : pc.part_off + pc.n], pc.mat_off

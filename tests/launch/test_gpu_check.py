@@ -4,6 +4,7 @@ run end to end, as on the GPU image, where `datasets` and `deepspeed` are not in
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,66 @@ def test_comparisons_measure_and_extrapolate_to_the_config_batch():
     assert out["adamw"]["comparable"]
 
 
+def test_an_eager_fallback_is_the_first_line_of_the_report():
+    res = {"device": "cuda", "budget_s": 480, "total_s": 12.0, "compile": "none", "phases": {}}
+    res["compile_note"] = "blocks requested, but the preflight compile gave 'error: no C compiler': ran eager"
+    first = gc.markdown(res).splitlines()[0]
+    assert first.startswith("**Every phase ran eager") and "no C compiler" in first
+
+
+def test_the_mfu_legend_states_the_convention_and_the_measured_ceiling():
+    legend = gc.mfu_legend({"peak_tflops": 989.4, "matmul_tflops": 701.3})
+    assert "989 TFLOP/s" in legend and "701 TFLOP/s (71% of the datasheet)" in legend
+    assert "PaLM" in legend and "causal" in legend
+    assert "not measured" in gc.mfu_legend({})
+
+
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.4),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA GH200 480GB", 989.4),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L40S", 362.05),
+        ("NVIDIA A10", 125.0),
+        ("NVIDIA A10G", None),  # not the A10's figure: a name we do not know gets no MFU
+        ("NVIDIA RTX 6000 Ada Generation", None),
+    ],
+)
+def test_peak_tflops_by_exact_board(name, tflops):
+    from launch.run.meter import peak_tflops_of
+
+    assert peak_tflops_of(name) == tflops
+
+
+def test_causal_attention_flops_are_half_the_square():
+    """The non-causal convention reads ~7% high at 125m/1024 and ~12% at 1.1b/4096 (issue 33)."""
+    import torch
+
+    from models import GPT, get_preset
+
+    for preset, seq, high in (("125m", 1024, 1.07), ("1.1b", 4096, 1.12)):
+        with torch.device("meta"):
+            model = GPT(get_preset(preset))
+        c = model.cfg
+        whole, causal = model.flops_per_token(seq), model.flops_per_token(seq, causal=True)
+        assert whole - causal == 6 * c.n_layer * c.d_model * seq
+        assert whole / causal == pytest.approx(high, abs=0.005), preset
+
+
+def test_a_row_that_failed_is_kept_as_its_error_line_beside_the_others():
+    rows = [_row("adamw", 100.0, 4.0), {"preset": "125m", "optim": "orscale_lm", "backend": "fsdp", "error": "x"}]
+    assert gc.comparisons(rows, gp.GPU) == []  # nothing to compare against a row without numbers
+    res = {"device": "cuda", "budget_s": 480, "total_s": 1.0, "compile": "none", "compile_note": "", "phases": {}}
+    md = gc.markdown({**res, "fsdp_vs_none": [{**rows[1], "backend": "none", "notes": "error: RuntimeError: x"}]})
+    assert "| 125m | orscale_lm | none |" in md and "error: RuntimeError: x |" in md
+
+
 def test_the_report_renders_a_check_that_stopped_early():
     res = {"device": "cuda", "budget_s": 480, "total_s": 12.0, "compile": "none", "compile_note": ""}
     res["phases"] = {"preflight": {"status": "failed", "timeout_s": 120, "seconds": 3.0, "error": "error: no CUDA"}}
@@ -114,8 +175,11 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     cmd = ["bash", str(ROOT / "bench/gpu_check.sh"), "--out", str(out), "--device", "cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md", "scratch"]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md"]  # scratch is elsewhere
     res = json.loads((out / "gpu_check.json").read_text())
+    scratch = Path(res["scratch"])
+    assert scratch.is_dir() and out not in scratch.parents and (scratch / "run" / "checkpoints").is_dir()
+    shutil.rmtree(scratch)
     phases = {"preflight", "throughput tiny", "fsdp_vs_none", "prepare (background)", "realtext"}
     assert set(res["phases"]) == phases and all(p["status"] == "ok" for p in res["phases"].values())
     rows = res["throughput"]
@@ -126,6 +190,7 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     assert {(r["backend"], r["optim"]) for r in res["fsdp_vs_none"]} == {
         (b, o) for b in ("none", "fsdp") for o in gp.COMPARED
     }
+    assert {r["param_dtype"] for r in res["fsdp_vs_none"]} == {"fp32"}  # two layouts, one precision
     assert rows[0]["opt_tflop_per_step"] == 0 < rows[2]["opt_tflop_per_step"]  # adamw runs no Newton-Schulz
     assert {c["against"] for c in res["comparisons"]} == {"adamw", "muon_moonlight"}
     real = res["realtext"]

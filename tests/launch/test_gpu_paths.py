@@ -124,6 +124,7 @@ def test_param_dtype_selects_the_bf16_policy_on_any_device():
     assert fsdp_mixed_precision("auto", bf16, cuda).param_dtype == bf16  # today's rule
     assert fsdp_mixed_precision("auto", bf16, cpu).param_dtype is None
     assert fsdp_mixed_precision("auto", fp32, cuda).param_dtype is None
+    assert fsdp_mixed_precision("bf16", fp32, cpu).cast_forward_inputs is False  # RoPE tables stay fp32
 
 
 # ---------------------------------------------------------------- train.py / torchrun (slow)
@@ -215,6 +216,7 @@ def test_fsdp2_compiled_blocks_and_model_match_eager():
         assert out[case]["loss"] == pytest.approx(out["eager"]["loss"], rel=1e-6), case
         for name, norm in out["eager"]["grad_norms"].items():
             assert out[case]["grad_norms"][name] == pytest.approx(norm, rel=1e-5), (case, name)
+    assert out["bf16_block_inputs"] == {"x": "torch.bfloat16", "cos": "torch.float32"}
 
 
 def _fsdp_worker() -> None:
@@ -229,6 +231,13 @@ def _fsdp_worker() -> None:
         loss, grads = _loss_and_grads(_build(mode, "fsdp", ac, dist_env))
         norms = {canonical_name(n): g.norm().item() for n, g in grads.items()}
         out[case] = {"loss": loss, "grad_norms": norms}
+    # bf16 FSDP2 params: what each block receives (the RoPE tables must stay fp32, as in one process).
+    cfg = load_config(None, ["parallel.backend=fsdp", "parallel.param_dtype=bf16"])
+    model = build_model(get_preset("tiny", **MODEL), cfg.parallel, 7, dist_env, torch.bfloat16)
+    seen: dict[str, str] = {}
+    model.blocks[0].register_forward_pre_hook(lambda _, args: seen.update(x=str(args[0].dtype), cos=str(args[1].dtype)))
+    _loss_and_grads(model)
+    out["bf16_block_inputs"] = seen
     print(json.dumps(out))
     shutdown()
 

@@ -6,7 +6,8 @@ import logging
 
 from launch.run.progress import Progress
 
-RECORD = {"step": 20, "train_loss": 5.4321, "lr": 3e-4, "grad_norm": 0.75, "tokens_per_s": 12345.6, "mfu": 0.381}
+RECORD = {"step": 20, "train_loss": 5.4321, "lr": 3e-4, "grad_norm": 0.75, "tokens_per_s": 12345.6}
+RECORD |= {"mfu": 0.381, "mfu_causal": 0.356}
 
 
 def test_log_line_without_a_terminal(caplog) -> None:
@@ -15,10 +16,11 @@ def test_log_line_without_a_terminal(caplog) -> None:
         progress.logged(RECORD)
     (line,) = [r.getMessage() for r in caplog.records]
     head, eta = line.rsplit(" | ", 1)
-    assert head == "step 20/100 | loss 5.4321 | lr 3.00e-04 | grad 0.75 | 12,346 tok/s | MFU 38.1%"
+    assert head == "step 20/100 | loss 5.4321 | lr 3.00e-04 | grad 0.75 | 12,346 tok/s | MFU 38.1% (35.6% causal)"
     assert eta.startswith("ETA ") and eta != "ETA ?"
     # MFU unknown (no peak FLOP/s for this device): left out, not printed as 0 or nan.
-    assert "MFU" not in progress.line({**RECORD, "mfu": None})
+    assert "MFU" not in progress.line({**RECORD, "mfu": None, "mfu_causal": None})
+    assert progress.line({**RECORD, "mfu_causal": None}).split(" | ")[5] == "MFU 38.1%"  # an old record
 
 
 def test_other_ranks_and_a_terminal_bar_print_no_lines(caplog) -> None:
