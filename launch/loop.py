@@ -102,6 +102,7 @@ def _loop(run: Run) -> dict:
                 "step": state.step,
                 "tokens": state.tokens,
                 "lr": lr,
+                "adamw_lr": lr * cfg.optim.adamw_lr_scale,  # the AdamW group's (embedding, head, norms)
                 "grad_norm": float(grad_norm),
                 **meter.read(state.tokens),
                 **engine.diagnostics(),

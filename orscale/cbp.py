@@ -44,6 +44,12 @@ from torch import Tensor
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
 
 
+def mean_energy(q: Tensor) -> Tensor:
+    """c² of M1: the mean of the block energies `q` [n] over the blocks with q > 0 (0 if none)."""
+    has = q > 0
+    return torch.where(has, q, torch.zeros_like(q)).sum() / has.sum().clamp_min(1)
+
+
 def equalization_scales(q: Tensor, s_min: float, s_max: float, c2: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """M1 scales (raw c/√q_l, clipped) for block energies ``q`` [n]; blocks with q = 0 get 1.
 
@@ -53,8 +59,7 @@ def equalization_scales(q: Tensor, s_min: float, s_max: float, c2: Tensor | None
     """
     has = q > 0
     if c2 is None:
-        count = has.sum().clamp_min(1)
-        c2 = torch.where(has, q, torch.zeros_like(q)).sum() / count
+        c2 = mean_energy(q)
     ratio = torch.where(has, c2 / torch.where(has, q, torch.ones_like(q)), torch.ones_like(q))
     raw = ratio.sqrt()
     return raw, torch.where(has, raw.clamp(s_min, s_max), torch.ones_like(q))
@@ -180,11 +185,11 @@ class CBP(torch.optim.Optimizer):
         if eq:  # host flags only: every rank makes the same decision
             local = torch.cat([sums_of_squares(g) for g in eq])
             sums = self.reduce_block_sums(local)
-        row = 0
+        row, pooled = 0, self._pooled_targets(work)
         for w, g in zip(work, grads, strict=True):
             if w.group["equalize"] and sums is not None:
                 n = len(g)
-                s = self._equalize(w, sums[row : row + n])
+                s = self._equalize(w, sums[row : row + n], pooled.get(id(w.group)))
                 row += n
                 g = torch._foreach_mul(g, list(s.unbind(0)))  # g̃_l = s_l·g_l (0-d device scalars)
             self._update(w, g)
@@ -216,14 +221,29 @@ class CBP(torch.optim.Optimizer):
     def _fp32_params(self, w: _Work) -> list[Tensor]:
         return [p if p.dtype == torch.float32 else p.float() for p in map(self._local, w.params)]
 
-    def _equalize(self, w: _Work, sq: Tensor) -> Tensor:
+    def _pooled_targets(self, work: list[_Work]) -> dict[int, Tensor]:
+        """{id(group): c²} for the equalising groups that share a `role` with another (the embedding
+        split from the matrices for a learning rate of its own): one target over all their blocks,
+        from the stored (lagged) q, in group order, before any q moves. Other groups: their own."""
+        by_role: dict[Any, list[_Work]] = {}
+        for w in work:
+            if w.group["equalize"] and w.group.get("c2_global") is None and "role" in w.group:
+                by_role.setdefault(w.group["role"], []).append(w)
+        out = {}
+        for shared in (ws for ws in by_role.values() if len(ws) > 1):
+            c2 = mean_energy(torch.stack([self.state[p]["q"] for w in shared for p in w.params]))
+            out.update({id(w.group): c2 for w in shared})
+        return out
+
+    def _equalize(self, w: _Work, sq: Tensor, pooled: Tensor | None = None) -> Tensor:
         """M1: scales from the stored q (lagged), then q ← ρq + (1−ρ)‖g‖²; returns s [n]."""
         g = w.group
         qs = [self.state[p]["q"] for p in w.params]
         q = torch.stack(qs)
-        # "c2_global": the group's mean energy over every rank's blocks, set by a distributed driver
-        # that hands this optimizer only some of the group's blocks (orscale.distributed.zero).
-        raw, s = equalization_scales(q, g["s_min"], g["s_max"], g.get("c2_global"))
+        # "c2_global": the role's mean energy over every rank's blocks, set by a distributed driver
+        # that hands this optimizer only some of the role's blocks (orscale.distributed.zero).
+        c2 = g.get("c2_global")
+        raw, s = equalization_scales(q, g["s_min"], g["s_max"], c2 if c2 is not None else pooled)
         torch._foreach_copy_(qs, list((q * g["rho"] + sq * (1.0 - g["rho"])).unbind(0)))
         self._last_diag.append((raw, s, sq, g["s_min"], g["s_max"]))
         return s
@@ -349,7 +369,8 @@ def share_equalization_targets(
     if owner is not None:
         for group in owner.param_groups:
             q = torch.stack([owner.state[p]["q"] for p in group["params"]])
-            stats[roles.index(group["role"])] = torch.stack([torch.where(q > 0, q, 0).sum(), (q > 0).sum()])
+            # += : groups of one role (the embedding split from the matrices) share one target
+            stats[roles.index(group["role"])] += torch.stack([torch.where(q > 0, q, 0).sum(), (q > 0).sum()])
     all_reduce(stats)
     if owner is not None:
         for group in owner.param_groups:

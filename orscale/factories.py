@@ -16,6 +16,7 @@ import torch
 from orscale.cbp import CBP, share_equalization_targets, summarize_cbp
 from orscale.diagnostics import merge_rows
 from orscale.optim_config import OptimConfig
+from orscale.schedule import keep_lr_scales
 from orscale.trust_ratio import LAMB, LARS
 from orscale.variants import VARIANTS
 
@@ -28,7 +29,7 @@ def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
     implementation `cfg.fused` names: ``fused`` (one kernel per dtype/device for the whole update;
     CPU has one too), ``foreach`` (a few multi-tensor kernels per op), or ``auto``: fused when the
     parameters are on CUDA, foreach elsewhere."""
-    return torch.optim.AdamW(
+    opt = torch.optim.AdamW(
         groups,
         lr=cfg.lr,
         betas=(cfg.betas[0], cfg.betas[1]),
@@ -36,6 +37,7 @@ def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
         weight_decay=cfg.weight_decay,
         **adamw_implementation(cfg.fused, groups),
     )
+    return keep_lr_scales(opt)
 
 
 def adamw_implementation(setting: str, groups: list[dict[str, Any]]) -> dict[str, bool]:
@@ -70,8 +72,14 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
 def elementwise_optimizer(
     groups: list[dict[str, Any]], cfg: OptimConfig, classes: dict[str, type[torch.optim.Optimizer]] | None = None
 ) -> torch.optim.Optimizer:
-    """CBP, LAMB or LARS (`cfg.name`) over routed param groups; `classes` overrides which class runs
-    each name (default ``ELEMENTWISE_CLASSES``)."""
+    """CBP, LAMB or LARS (`cfg.name`) over routed param groups (their LR scales kept for `set_lr`);
+    `classes` overrides which class runs each name (default ``ELEMENTWISE_CLASSES``)."""
+    return keep_lr_scales(_elementwise(groups, cfg, classes))
+
+
+def _elementwise(
+    groups: list[dict[str, Any]], cfg: OptimConfig, classes: dict[str, type[torch.optim.Optimizer]] | None
+) -> torch.optim.Optimizer:
     cls: Any = (classes or ELEMENTWISE_CLASSES).get(cfg.name)
     betas = (cfg.betas[0], cfg.betas[1])
     if cfg.name == "cbp":

@@ -20,8 +20,14 @@ class OptimConfigError(ValueError):
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3
+    lr: float = 1e-3  # the peak LR of the hidden matrices (every parameter's unless adamw_lr is set)
     weight_decay: float = 0.1
+    # The AdamW group (token embedding = tied head, norm gains; every parameter outside the blocks'
+    # 2-D weights): its own peak LR and weight decay, in every optimizer family (for adamw itself and
+    # CBP/LAMB/LARS, those same parameters get their own param groups). null: optim.lr / weight_decay,
+    # today's tied protocol bit for bit. One schedule shape, scaled per group.
+    adamw_lr: float | None = None
+    adamw_weight_decay: float | None = None
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     exempt_norms_and_embeddings: bool = False  # AdamW: no decay on norm gains / embeddings
@@ -50,6 +56,21 @@ class OptimConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def own_adamw_group(self) -> bool:
+        """Whether the AdamW group's LR or decay is set apart from the matrices' (then adamw and
+        CBP/LAMB/LARS route those parameters into groups of their own)."""
+        return self.adamw_lr is not None or self.adamw_weight_decay is not None
+
+    @property
+    def adamw_lr_scale(self) -> float:
+        """The AdamW group's peak LR over optim.lr (exactly 1.0 when unset: lr * 1.0 == lr)."""
+        return 1.0 if self.adamw_lr is None else self.adamw_lr / self.lr
+
+    @property
+    def adamw_decay(self) -> float:
+        return self.weight_decay if self.adamw_weight_decay is None else self.adamw_weight_decay
+
     def validate(self) -> None:
         """Raise OptimConfigError (one line) for a value no optimizer can run with."""
         checks = (
@@ -62,6 +83,15 @@ class OptimConfig:
                 f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}",
             ),
             (math.isfinite(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr}"),
+            (
+                self.adamw_lr is None or (math.isfinite(self.adamw_lr) and self.adamw_lr > 0),
+                f"optim.adamw_lr must be a finite number > 0 or null (= optim.lr), got {self.adamw_lr}",
+            ),
+            (
+                self.adamw_weight_decay is None
+                or (math.isfinite(self.adamw_weight_decay) and self.adamw_weight_decay >= 0),
+                f"optim.adamw_weight_decay must be >= 0 or null (= optim.weight_decay), got {self.adamw_weight_decay}",
+            ),
             (
                 math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                 f"optim.weight_decay must be >= 0, got {self.weight_decay}",

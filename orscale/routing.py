@@ -3,8 +3,14 @@
 * ``adamw``: one AdamW over every parameter (decay on all of them, as in the paper), unless
   ``optim.exempt_norms_and_embeddings`` puts 1-D params and embeddings in a wd = 0 group.
 * Muon family: every 2-D weight inside the transformer blocks (names ``blocks.*``) goes to the
-  matrix optimizer; everything else (token embedding = tied LM head, norm gains) to AdamW with the
-  same peak LR (and the same exemption rule).
+  matrix optimizer; everything else (token embedding = tied LM head, norm gains) to AdamW, at
+  ``optim.adamw_lr`` / ``optim.adamw_weight_decay`` (null: the matrices' LR and decay) and the same
+  exemption rule.
+* "The AdamW group" is that same set of parameters in every family: with ``adamw_lr`` or
+  ``adamw_weight_decay`` set, ``adamw`` puts the hidden matrices and the rest in groups of their
+  own, and CBP/LAMB/LARS give the embedding a group of its own (CBP still equalises it with the
+  matrices: groups of one ``role`` share M1's target). A group's peak LR over ``optim.lr`` is its
+  ``LR_SCALE`` key (``orscale.schedule``); unset settings leave today's groups unchanged.
 * CBP, LAMB, LARS (``optim_config.ELEMENTWISE``): every parameter, each tensor one block, in two
   groups: tensors with ≥ 2 dims (the block matrices and the embedding) and 1-D ones (norm gains,
   biases). CBP equalises each group among itself (c is the group's mean energy, so a norm gain is
@@ -28,6 +34,7 @@ import torch
 from torch import nn
 
 from orscale.optim_config import ELEMENTWISE, OptimConfig
+from orscale.schedule import LR_SCALE
 
 NamedParams = list[tuple[str, nn.Parameter]]
 
@@ -64,39 +71,60 @@ def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) 
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     mats = [(n, p) for n, p in named if p.ndim >= 2]
     vecs = [(n, p) for n, p in named if p.ndim < 2]
-    wd = cfg.weight_decay
+    wd, own = cfg.weight_decay, cfg.own_adamw_group
+    # With the AdamW group's own settings, the embedding leaves the matrices' group (first, where it
+    # stood: CBP pools the role's energies in this order, so an equal setting changes no bit).
+    emb_mats = [(n, p) for n, p in mats if id(p) in emb] if own else []
+    mats = [(n, p) for n, p in mats if not (own and id(p) in emb)]
     if cfg.name == "cbp":
         exempt = cfg.exempt_norms_and_embeddings
         groups = [
+            {
+                "params": emb_mats,
+                "weight_decay": 0.0 if exempt else cfg.adamw_decay,
+                "role": "embedding" if exempt else "matrices",
+            },
             {
                 "params": [(n, p) for n, p in mats if not (exempt and id(p) in emb)],
                 "weight_decay": wd,
                 "role": "matrices",
             },
             {"params": [(n, p) for n, p in mats if exempt and id(p) in emb], "weight_decay": 0.0, "role": "embedding"},
-            {"params": vecs, "weight_decay": 0.0 if exempt else wd, "role": "vectors"},
+            {"params": vecs, "weight_decay": 0.0 if exempt else (cfg.adamw_decay if own else wd), "role": "vectors"},
         ]
     else:  # LAMB, LARS: trust ratio and decay on matrices, neither on 1-D tensors
         groups = [
             {"params": mats, "weight_decay": wd, "trust": True, "role": "matrices"},
+            {"params": emb_mats, "weight_decay": cfg.adamw_decay, "trust": True, "role": "embedding"},
             {"params": vecs, "weight_decay": 0.0, "trust": False, "role": "vectors"},
         ]
+    if own:  # every group but the hidden matrices' is "the AdamW group"
+        for g in groups:
+            if not (g["params"] and all(is_matrix_param(n, p) for n, p in g["params"])):
+                g[LR_SCALE] = cfg.adamw_lr_scale
     return [g for g in groups if g["params"]]
 
 
-def _adamw_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
-    """One decayed group; with the exemption flag, 1-D params and embeddings in a wd = 0 group."""
+def _adamw_groups(
+    named: NamedParams, model: nn.Module, cfg: OptimConfig, weight_decay: float, lr_scale: float | None
+) -> list[dict[str, Any]]:
+    """One decayed group; with the exemption flag, 1-D params and embeddings in a wd = 0 group.
+    `lr_scale`: the groups' peak LR over optim.lr (None: no key, the groups follow optim.lr)."""
     if not named:
         return []
+    scale = {} if lr_scale is None else {LR_SCALE: lr_scale}
     if not cfg.exempt_norms_and_embeddings:
-        return [{"params": named, "weight_decay": cfg.weight_decay}]
+        return [{"params": named, "weight_decay": weight_decay, **scale}]
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     exempt_ids = {id(p) for n, p in named if p.ndim < 2 or id(p) in emb or canonical_name(n) == "tok_emb.weight"}
     decayed = [(n, p) for n, p in named if id(p) not in exempt_ids]
     exempt = [(n, p) for n, p in named if id(p) in exempt_ids]
     return [
         g
-        for g in ({"params": decayed, "weight_decay": cfg.weight_decay}, {"params": exempt, "weight_decay": 0.0})
+        for g in (
+            {"params": decayed, "weight_decay": weight_decay, **scale},
+            {"params": exempt, "weight_decay": 0.0, **scale},
+        )
         if g["params"]
     ]
 
@@ -106,14 +134,18 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("model has no trainable parameters")
+    matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
+    rest = [(n, p) for n, p in named if not is_matrix_param(n, p)]
+    scale = cfg.adamw_lr_scale if cfg.own_adamw_group else None
     if cfg.name == "adamw":
-        return Routing([], _adamw_groups(named, model, cfg))
+        if not cfg.own_adamw_group:
+            return Routing([], _adamw_groups(named, model, cfg, cfg.weight_decay, None))
+        hidden = _adamw_groups(matrices, model, cfg, cfg.weight_decay, None)
+        return Routing([], hidden + _adamw_groups(rest, model, cfg, cfg.adamw_decay, scale))
     if cfg.name in ELEMENTWISE:
         return Routing([], [], _elementwise_groups(named, model, cfg))
-    matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
     if not matrices:
         raise ValueError(
             f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to orthogonalise; is this the GPT model?"
         )
-    rest = [(n, p) for n, p in named if not is_matrix_param(n, p)]
-    return Routing(matrices, _adamw_groups(rest, model, cfg))
+    return Routing(matrices, _adamw_groups(rest, model, cfg, cfg.adamw_decay, scale))

@@ -34,8 +34,30 @@ def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> 
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+LR_SCALE = "lr_scale"  # routed param-group key: the group's peak LR over optim.lr (absent: 1)
+_SCALES = "orscale_lr_scales"  # where an optimizer keeps them (see `keep_lr_scales`)
+
+
+def keep_lr_scales(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Move each param group's LR_SCALE key onto the optimizer itself, where `set_lr` reads it. Not
+    in the groups: a loaded state dict replaces the groups' keys with the saved ones (an older
+    checkpoint has none; a resumed run may have changed optim.adamw_lr), and the scale is this
+    run's config, not state. Returns `opt`."""
+    # torch keeps the very dicts it was given as its param groups: pop from copies, so that the
+    # routed groups (reused by ZeRO's owner-side optimizer) keep their scales.
+    opt.param_groups[:] = [dict(group) for group in opt.param_groups]
+    setattr(opt, _SCALES, [float(group.pop(LR_SCALE, 1.0)) for group in opt.param_groups])
+    return opt
+
+
+def lr_scales(opt: torch.optim.Optimizer) -> list[float]:
+    """Each param group's peak LR over optim.lr, as `set_lr` applies it."""
+    return list(getattr(opt, _SCALES, None) or [1.0] * len(opt.param_groups))
+
+
 def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
-    """Set `lr` (a Python float) on every param group of every optimizer."""
+    """Set every param group's LR to `lr` (a Python float, the schedule's value for optim.lr) times
+    the group's scale (1.0 unless `keep_lr_scales` recorded another: lr * 1.0 is lr, bit for bit)."""
     for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = float(lr)
+        for group, scale in zip(opt.param_groups, lr_scales(opt), strict=True):
+            group["lr"] = float(lr) * scale

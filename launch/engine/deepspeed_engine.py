@@ -48,7 +48,7 @@ from launch.nested import deep_merge
 from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
-from orscale import OptimConfig
+from orscale import OptimConfig, set_lr
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
 from orscale.distributed.zero_checkpoint import LogicalState, load_zero_state, save_zero_state
 from orscale.routing import canonical_name
@@ -192,8 +192,7 @@ class DeepSpeedEngine(Engine):
         norm of the raw gradients (a device tensor where DeepSpeed keeps one: no host sync)."""
         if self._micro != self.accum_steps:
             raise RuntimeError(f"DeepSpeedEngine.step after {self._micro} backward calls; expected {self.accum_steps}")
-        for group in self.optimizer.param_groups:
-            group["lr"] = float(lr)
+        set_lr([self.optimizer], lr)  # the AdamW groups at optim.adamw_lr's share of it
         self.optimizer.begin_step()
         self._ds.step()
         if self.model.cfg.center_mlp:

@@ -28,6 +28,7 @@ from launch.errors import ConfigError
 from launch.nested import flatten
 from launch.run.records import read_metrics
 from launch.run.run_dir import RunDir, strict_json
+from orscale.optim_config import ELEMENTWISE
 
 log = logging.getLogger("orscale")
 
@@ -156,10 +157,30 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> N
             f"cannot resume: the checkpoint has {key}={old.get(key)!r} but this run has "
             f"{new.get(key)!r}; keep it the same or start a new run.dir"
         )
+    _check_param_groups(old, new)
     routine = [k for k in changed if not any(k.startswith(h) for h in HARMLESS)]
     if routine:
         log.warning(
             "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)
+        )
+
+
+def _check_param_groups(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """adamw and CBP/LAMB/LARS put the AdamW group (embedding, norms) in param groups of its own once
+    optim.adamw_lr or adamw_weight_decay is set: a checkpoint's groups load only into the same split."""
+    name = new.get("config.optim.name")
+    if name not in ("adamw", *ELEMENTWISE):
+        return
+    split = [
+        any(flat.get(f"config.optim.{k}") is not None for k in ("adamw_lr", "adamw_weight_decay"))
+        for flat in (old, new)
+    ]
+    if split[0] != split[1]:
+        state = lambda s: "set" if s else "unset (null)"
+        raise ConfigError(
+            f"cannot resume: the checkpoint's {name} has optim.adamw_lr/adamw_weight_decay {state(split[0])} and "
+            f"this run {state(split[1])}, which splits its param groups differently; keep them "
+            f"{state(split[0]).split()[0]} or start a new run.dir"
         )
 
 

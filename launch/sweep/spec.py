@@ -12,6 +12,8 @@
     lrs: [1e-3, 3e-3]                  # default grid
     seeds: [0, 1]
     lr_search: {seed: 0, max_extra: 2} # optional: tune the LR on one seed, then run `seeds` at the best
+      # adamw_lr: {ratios: [2, 4, 8], rounds: 2}   # also tune optim.adamw_lr (a 2-D coordinate search)
+      # shared: true                              # also score the tied optimum (adamw_lr = lr)
     slurm: {gpus_per_node: 8, nodes: 1, time: "48:00:00", partition: gpu, extra: ["--qos=high"]}
 
 A cell's learning rates: the scale's `lrs` for that optimizer (a scale's `lrs` may be a list, or a
@@ -23,8 +25,16 @@ grid with `lr_search.seed` only; when the best final validation loss lies at an 
 one more LR beyond that edge is added (`factor` times the edge LR, default the grid's own ratio), up
 to `max_extra` times per edge; then `seeds` run at the best LR (`launch/sweep/plan.py`). A scale with
 `lr_from: <label>` runs no search: its cells are `seeds` at the best LR found for the same optimizer
-at scale <label> (another token budget of a searched scale, say). Every problem raises SpecError
-with one line naming the key.
+at scale <label> (another token budget of a searched scale, say). An optimizer with
+`lr_from: <optimizer label>` runs no search either: `seeds` at that optimizer's best LRs at the same
+scale (the paper's claim that OrScale-LM inherits Moonlight's LRs, tested as such).
+
+`lr_search.adamw_lr` tunes the AdamW group's LR (`optim.adamw_lr`: embedding, head, norm gains) as a
+second dimension: after the LR search above, which runs with adamw_lr = lr (the *shared* protocol),
+a line over adamw_lr = ratio x the best LR at that LR, then a line over the LR at the best adamw_lr,
+`rounds` times (each line edge-extended like the first); `shared: true` also runs `seeds` at the
+shared protocol's best LR. Cells with their own adamw_lr live in `lr<lr>-alr<adamw_lr>-seed<seed>`.
+Every problem raises SpecError with one line naming the key.
 """
 
 from __future__ import annotations
@@ -38,10 +48,10 @@ from typing import Any
 import yaml
 
 from data.paths import PROJECT_ROOT as ROOT
-from launch.nested import dotted_get, load_yaml
+from launch.nested import dotted_get, load_yaml, yaml_problem
 
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
-AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "train.seed")  # owned by the grid
+AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "optim.adamw_lr", "train.seed")  # owned by the grid
 TOP_KEYS = (
     "base",
     "runs_dir",
@@ -54,7 +64,8 @@ TOP_KEYS = (
     "description",
     "lr_search",
 )
-SEARCH_KEYS = ("seed", "max_extra", "factor")
+SEARCH_KEYS = ("seed", "max_extra", "factor", "adamw_lr", "shared")
+ADAMW_SEARCH_KEYS = ("ratios", "rounds")
 SLURM_KEYS = ("gpus_per_node", "nodes", "cpus_per_task", "time", "partition", "account", "extra")
 
 
@@ -71,10 +82,11 @@ class Cell:
     base: str  # config path as written in the command (relative to ROOT when inside it)
     overrides: list[str]  # every dotted override, axes last
     run_dir: Path
+    adamw_lr: float | None = None  # None: optim.adamw_lr unset (= lr, the shared protocol)
 
     @property
     def id(self) -> str:
-        return f"{self.scale}/{self.optim}/{lr_tag(self.lr)}-seed{self.seed}"
+        return f"{self.scale}/{self.optim}/{point_tag(self.lr, self.adamw_lr)}-seed{self.seed}"
 
     def value(self, dotted: str, default: Any = None) -> Any:
         """The resolved value of a key: the last override, else the base YAML, else `default`."""
@@ -89,11 +101,16 @@ class Cell:
 
 @dataclass(frozen=True)
 class LrSearch:
-    """`lr_search`: tune on `seed`, extend an edge optimum by `factor` up to `max_extra` times."""
+    """`lr_search`: tune on `seed`, extend an edge optimum by `factor` up to `max_extra` times;
+    `adamw_ratios` (not empty): then tune optim.adamw_lr too, `rounds` coordinate rounds;
+    `shared`: also score the tied optimum."""
 
     seed: int
     max_extra: int = 2
     factor: float | None = None  # None: the grid's own ratio between neighbours (2 when it has one LR)
+    adamw_ratios: tuple[float, ...] = ()
+    rounds: int = 1
+    shared: bool = False
 
 
 @dataclass
@@ -107,15 +124,21 @@ class CellGroup:
     lrs: list[float]
     lr_from: str | None  # a scale label
     runs_dir: Path
+    lr_from_optim: str | None = None  # an optimizer label: its best LRs at this scale, no search
 
     @property
     def id(self) -> str:
         return f"{self.scale}/{self.optim}"
 
-    def cell(self, lr: float, seed: int) -> Cell:
-        run_dir = self.runs_dir / self.scale / self.optim / f"{lr_tag(lr)}-seed{seed}"
-        axes = [f"optim.lr={lr!r}", f"train.seed={seed}", f"run.dir={run_dir}"]
-        return Cell(self.scale, self.optim, lr, seed, self.base, [*self.overrides, *axes], run_dir)
+    @property
+    def searched(self) -> bool:
+        return self.lr_from is None and self.lr_from_optim is None
+
+    def cell(self, lr: float, seed: int, adamw_lr: float | None = None) -> Cell:
+        run_dir = self.runs_dir / self.scale / self.optim / f"{point_tag(lr, adamw_lr)}-seed{seed}"
+        axes = [f"optim.lr={lr!r}", *([f"optim.adamw_lr={adamw_lr!r}"] if adamw_lr is not None else [])]
+        axes += [f"train.seed={seed}", f"run.dir={run_dir}"]
+        return Cell(self.scale, self.optim, lr, seed, self.base, [*self.overrides, *axes], run_dir, adamw_lr)
 
 
 @dataclass
@@ -133,11 +156,16 @@ class Sweep:
         if self.search is None:
             return [g.cell(lr, seed) for g in self.groups for lr in g.lrs for seed in self.seeds]
         seed = self.search.seed
-        return [g.cell(lr, seed) for g in self.groups if g.lr_from is None for lr in g.lrs]
+        return [g.cell(lr, seed) for g in self.groups if g.searched for lr in g.lrs]
 
 
 def lr_tag(lr: float) -> str:
     return f"lr{lr:.6g}"
+
+
+def point_tag(lr: float, adamw_lr: float | None) -> str:
+    """A cell's directory stem: lr<lr>, or lr<lr>-alr<adamw_lr> when optim.adamw_lr is set."""
+    return lr_tag(lr) + (f"-alr{adamw_lr:.6g}" if adamw_lr is not None else "")
 
 
 _yaml_cache: dict[Path, Any] = {}
@@ -268,14 +296,16 @@ def _optimizers(raw: Any) -> list[dict]:
     out = []
     for label, spec in items:
         where = f"optimizers.{label}"
-        entry = {"label": _label(label, where), "name": label, "lrs": None, "overrides": []}
+        entry = {"label": _label(label, where), "name": label, "lrs": None, "overrides": [], "lr_from": None}
         if isinstance(spec, list):
             entry["lrs"] = _lrs(spec, where)
         elif isinstance(spec, dict):
             entry["name"] = str(spec.get("name", label))
             if spec.get("lrs") is not None:
                 entry["lrs"] = _lrs(spec["lrs"], f"{where}.lrs")
-            rest = {k: v for k, v in spec.items() if k not in ("name", "label", "lrs")}
+            if spec.get("lr_from") is not None:
+                entry["lr_from"] = _label(spec["lr_from"], f"{where}.lr_from")
+            rest = {k: v for k, v in spec.items() if k not in ("name", "label", "lrs", "lr_from")}
             rest = rest.get("overrides", rest) if set(rest) == {"overrides"} else rest
             entry["overrides"] = _overrides(rest, where)
         elif spec is not None:
@@ -292,7 +322,7 @@ def load_sweep(path: str | Path) -> Sweep:
     try:
         doc = load_yaml(path.read_text())
     except yaml.YAMLError as err:
-        _fail(f"sweep file '{path}' is not valid YAML: {str(err).splitlines()[0]}")
+        _fail(f"sweep file '{path}' is not valid YAML at {yaml_problem(err)}")
     if not isinstance(doc, dict):
         _fail(f"sweep file '{path}' must hold a mapping (base, runs_dir, scales, optimizers, lrs, seeds)")
     unknown = sorted(set(map(str, doc)) - set(TOP_KEYS))
@@ -331,7 +361,17 @@ def load_sweep(path: str | Path) -> Sweep:
                 _fail(f"scale '{scale['label']}': lr_from needs lr_search (the best LR comes from a search)")
             if scale["lr_from"] not in labels or scale["lr_from"] == scale["label"]:
                 _fail(f"scale '{scale['label']}': lr_from names '{scale['lr_from']}', not another scale of this sweep")
-        for opt in _optimizers(doc["optimizers"]):
+        optimizers = _optimizers(doc["optimizers"])
+        for opt in optimizers:
+            if opt["lr_from"] is not None:
+                if search is None:
+                    _fail(f"optimizer '{opt['label']}': lr_from needs lr_search (the best LRs come from a search)")
+                source = next((o for o in optimizers if o["label"] == opt["lr_from"]), None)
+                if source is None or source is opt or source["lr_from"] is not None:
+                    _fail(
+                        f"optimizer '{opt['label']}': lr_from names '{opt['lr_from']}', not another searched "
+                        "optimizer of this sweep"
+                    )
             s_lrs = scale["lrs"]
             lrs = (
                 (s_lrs.get(opt["label"]) if isinstance(s_lrs, dict) else None)
@@ -339,14 +379,21 @@ def load_sweep(path: str | Path) -> Sweep:
                 or (s_lrs if isinstance(s_lrs, list) else None)
                 or default_lrs
             )
-            if not lrs and scale["lr_from"] is None:
+            if not lrs and scale["lr_from"] is None and opt["lr_from"] is None:
                 _fail(
                     f"no learning rates for optimizer '{opt['label']}' at scale '{scale['label']}': "
                     "give 'lrs' (top level, per optimizer or per scale)"
                 )
             overrides = [*common, *scale["overrides"], *opt["overrides"], f"optim.name={opt['name']}"]
             group = CellGroup(
-                scale["label"], opt["label"], scale["base"], overrides, list(lrs or []), scale["lr_from"], runs_dir
+                scale["label"],
+                opt["label"],
+                scale["base"],
+                overrides,
+                list(lrs or []) if opt["lr_from"] is None else [],
+                scale["lr_from"],
+                runs_dir,
+                opt["lr_from"],
             )
             if len(set(group.lrs)) != len(group.lrs) or any(g.id == group.id for g in sweep.groups):
                 _fail(f"two cells share a directory under {group.id} (duplicate label or learning rate)")
@@ -369,4 +416,28 @@ def _search(raw: Any) -> LrSearch | None:
         _fail(f"lr_search.max_extra must be an integer >= 0, got {extra!r}")
     if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
         _fail(f"lr_search.factor must be a number > 1, got {factor!r}")
-    return LrSearch(seed, extra, float(factor) if factor is not None else None)
+    shared = raw.get("shared", False)
+    if not isinstance(shared, bool):
+        _fail(f"lr_search.shared must be true or false, got {shared!r}")
+    ratios, rounds = _adamw_search(raw.get("adamw_lr"))
+    if shared and not ratios:
+        _fail("lr_search.shared scores the tied optimum beside the tuned one: it needs lr_search.adamw_lr")
+    return LrSearch(seed, extra, float(factor) if factor is not None else None, ratios, rounds, shared)
+
+
+def _adamw_search(raw: Any) -> tuple[tuple[float, ...], int]:
+    """`lr_search.adamw_lr`: {ratios: [...], rounds: N} -> (ratios, rounds); absent: ((), 1)."""
+    if raw is None:
+        return (), 1
+    if not isinstance(raw, dict) or "ratios" not in raw:
+        _fail(f"lr_search.adamw_lr must be a mapping with 'ratios' (and optional rounds), got {raw!r}")
+    bad = sorted(set(map(str, raw)) - set(ADAMW_SEARCH_KEYS))
+    if bad:
+        _fail(f"unknown lr_search.adamw_lr key '{bad[0]}' (valid: {', '.join(ADAMW_SEARCH_KEYS)})")
+    ratios = _lrs(raw["ratios"], "lr_search.adamw_lr.ratios")
+    if any(math.isclose(r, 1.0) for r in ratios):
+        _fail("lr_search.adamw_lr.ratios: 1 is the shared protocol's point, already run; list the others")
+    rounds = raw.get("rounds", 1)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        _fail(f"lr_search.adamw_lr.rounds must be an integer >= 1, got {rounds!r}")
+    return tuple(ratios), rounds

@@ -48,6 +48,7 @@ from orscale.factories import adamw, elementwise_optimizer, muon_family_kwargs, 
 from orscale.muon_family import MuonFamily
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
 from orscale.routing import route_parameters
+from orscale.schedule import LR_SCALE, keep_lr_scales, lr_scales, set_lr
 
 # Optimizers this client can run under ZeRO-1/2: every one.
 ZERO_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_NAMES
@@ -78,13 +79,15 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                 {"params": [p for _, p in owned_params], ROLE: "matrix", "lr": cfg.lr, "weight_decay": cfg.weight_decay}
             )
         adam_groups = []
-        # The same groups (decay / exemption) and hyperparameters as the single-process AdamW.
-        for g in adamw(routing.adamw_groups, cfg).param_groups if routing.adamw_groups else []:
+        # The same groups (decay / exemption), hyperparameters and LR scales as the single-process AdamW.
+        single = adamw(routing.adamw_groups, cfg) if routing.adamw_groups else None
+        for g, scale in zip(single.param_groups, lr_scales(single), strict=True) if single else []:
             g = {k: v for k, v in g.items() if k != "param_names"}
-            g[ROLE] = "adamw"
+            g[ROLE], g[LR_SCALE] = "adamw", scale
             adam_groups.append(g)
         groups.extend(adam_groups)
         super().__init__(groups, dict(lr=cfg.lr))
+        keep_lr_scales(self)  # DeepSpeed's engine sets each group's LR through orscale.set_lr
         self.param_names = {id(p): n for n, p in model.named_parameters()}
         # AdamW runs on the same group dicts (DeepSpeed swaps their params for flat partitions) and
         # the same state dict, so a checkpoint of this optimizer includes its moments.
@@ -269,8 +272,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         if self._muon is not None:
             for w, g in zip(self._staging, grads, strict=True):
                 w.grad = g
-            for owner_group in self._muon.param_groups:
-                owner_group["lr"] = group["lr"]
+            set_lr([self._muon], group["lr"])  # the owner's groups keep their routed LR scales
             self._muon.step()
             for w in self._staging:
                 w.grad = None

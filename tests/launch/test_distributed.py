@@ -79,12 +79,17 @@ CASES += [
     ("fsdp", "cbp+center"),
     ("ddp", "cbp+center"),
     ("zero2", "cbp+center"),
+    # optim.adamw_lr (issue 29): the AdamW group at its own LR, applied alike on every backend
+    ("fsdp", "orscale_lm+alr"),
+    ("zero2", "orscale_lm+alr"),
+    ("ddp", "adamw+alr"),
 ]
 
 
 def _optim_args(optim: str) -> list[str]:
     name, _, extra = optim.partition("+")
-    return [f"optim.name={name}"] + (["model.center_mlp=true"] if extra == "center" else [])
+    more = {"center": ["model.center_mlp=true"], "alr": ["optim.adamw_lr=0.006", "optim.adamw_weight_decay=0.0"]}
+    return [f"optim.name={name}"] + more.get(extra, [])
 
 
 def _single(tmp_path_factory, single_runs, optim: str):
@@ -112,7 +117,7 @@ def _weight_rtol(optim: str) -> float | None:
     # the ~1e-7 summation-order noise of a 2-rank reduction becomes a visible step. Measured after 6
     # steps: worst tensor 1.2e-5 (blocks.0.mlp.up, ZeRO-2 and FSDP2 2 -> 1) on an AVX-512/AMX CPU
     # (earlier CI machines: under 1e-5), every loss equal to 1e-7. A scaled gradient shows in diag/.
-    return 1e-4 if optim == "adamw" else None
+    return 1e-4 if optim.startswith("adamw") else None
 
 
 @pytest.mark.parametrize("backend, optim", CASES)
@@ -126,6 +131,8 @@ def test_two_ranks_match_one_process(tmp_path_factory, single_runs, two_rank_run
     # optim.cbp_precondition=false 1e-7 / 4e-6 / 1.3e-5. 2e-4 still catches a wrong transport or
     # an unaveraged mean: a transport that misses ZeRO's master partitions is off by 14x on a bias.
     assert_close_runs(single, two, rtol=2e-4 if optim.endswith("+center") else 1e-5, weight_rtol=_weight_rtol(optim))
+    for record in (m for m in metrics(two) if "train_loss" in m):  # the AdamW group's LR, logged beside lr
+        assert record["adamw_lr"] == pytest.approx(2 * record["lr"] if optim.endswith("+alr") else record["lr"])
 
 
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])

@@ -105,3 +105,86 @@ def test_bad_search_settings_are_one_line_errors(tmp_path, changes, needle):
     with pytest.raises(SpecError, match=needle) as err:
         _sweep(tmp_path, **changes)
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- two LRs (issue 29)
+def _surface(lr0: float, alr0: float):
+    """A state function whose every run finished, with a bowl in (log lr, log adamw_lr) at (lr0, alr0)."""
+
+    def state(cell):
+        alr = cell.adamw_lr if cell.adamw_lr is not None else cell.lr
+        loss = 4 + math.log2(cell.lr / lr0) ** 2 + 0.5 * math.log2(alr / alr0) ** 2 + 0.001 * cell.seed
+        return True, loss
+
+    return state
+
+
+def _two_d(tmp_path, rounds=2, **more):
+    search = {"seed": 0, "max_extra": 2, "adamw_lr": {"ratios": [2, 4, 8], "rounds": rounds}, "shared": True}
+    optimizers = {"adamw": [1e-3, 2e-3, 4e-3, 8e-3], "orscale_lm": [1e-3, 2e-3, 4e-3, 8e-3]}
+    optimizers["orscale_lm_transfer"] = {"name": "orscale_lm", "lr_from": "adamw"}
+    return _sweep(tmp_path, lr_search=search, optimizers=optimizers, **more)
+
+
+def test_the_two_dimensional_search_finds_an_untied_optimum_with_no_edge(tmp_path):
+    """The shared line (adamw_lr = lr) finds 2e-3 for a bowl at (lr 1e-3, adamw_lr 8e-3); the adamw_lr
+    line at 2e-3 then the LR line at its best move to the bowl; a second round confirms it."""
+    sweep = _two_d(tmp_path)
+    p = plan(sweep, _surface(1e-3, 8e-3))
+    gp = p.groups["s1/adamw"]
+    assert gp.lrs == [1e-3, 2e-3, 4e-3, 8e-3] and gp.shared_lr is not None
+    assert (gp.best_lr, gp.best_adamw_lr) == (1e-3, 8e-3) and not gp.at_edge, gp
+    assert (1e-3, 8e-3) in gp.points and (2e-3, 1.6e-2) in gp.points  # the adamw_lr line ran at the shared best
+    ids = set(_ids(p.cells))
+    assert {f"s1/adamw/lr0.001-alr0.008-seed{s}" for s in (1, 2, 3)} <= ids  # the tuned point's seeds
+    assert {f"s1/adamw/lr{gp.shared_lr:.6g}-seed{s}" for s in (1, 2, 3)} <= ids  # and the shared point's
+    transfer = p.groups["s1/orscale_lm_transfer"]  # no search: adamw's best point, the seeds only
+    assert (transfer.best_lr, transfer.best_adamw_lr) == (1e-3, 8e-3)
+    assert sorted(c.id for c in p.cells if "transfer" in c.id and c.scale == "s1") == [
+        f"s1/orscale_lm_transfer/lr0.001-alr0.008-seed{s}" for s in (1, 2, 3)
+    ]
+    long = p.groups["s1-long/adamw"]  # another budget: the searched scale's best and shared points
+    assert (long.best_lr, long.best_adamw_lr, long.shared_lr) == (1e-3, 8e-3, gp.shared_lr)
+    cell = next(c for c in p.cells if c.id == "s1/adamw/lr0.001-alr0.008-seed1")
+    assert "optim.adamw_lr=0.008" in cell.overrides and cell.run_dir.name == "lr0.001-alr0.008-seed1"
+
+
+def test_a_tied_optimum_stays_tied_and_its_cells_are_the_shared_ones(tmp_path):
+    p = plan(_two_d(tmp_path), _surface(2e-3, 2e-3))
+    gp = p.groups["s1/adamw"]
+    assert (gp.best_lr, gp.best_adamw_lr, gp.shared_lr) == (2e-3, None, 2e-3)
+    assert (2e-3, 1e-3) in gp.points  # the adamw_lr line was extended below ratio 1
+    assert not any("alr" in c.id and c.seed != 0 for c in p.cells if c.optim == "adamw")
+
+
+def test_the_adamw_lr_line_is_edge_extended_and_an_edge_is_reported(tmp_path):
+    p = plan(_two_d(tmp_path, rounds=1), _surface(2e-3, 1.0))  # the bowl far beyond every ratio
+    gp = p.groups["s1/adamw"]
+    assert gp.at_edge and "adamw_lr still at the high edge" in gp.note
+    top = max(a for _, a in gp.points if a is not None)
+    assert top == pytest.approx(32 * gp.lrs[-1] if gp.shared_lr == gp.lrs[-1] else 32 * gp.shared_lr, rel=1e-3)
+
+
+def test_the_plan_json_records_both_lrs(tmp_path):
+    sweep = _two_d(tmp_path)
+    p = plan(sweep, _surface(1e-3, 8e-3))
+    write_plan(sweep, p)
+    doc = json.loads((sweep.runs_dir / PLAN_FILE).read_text())
+    assert doc["lr_search"]["adamw_ratios"] == [2.0, 4.0, 8.0] and doc["lr_search"]["shared"] is True
+    g = doc["groups"]["s1/adamw"]
+    assert (g["best_lr"], g["best_adamw_lr"]) == (1e-3, 8e-3) and [1e-3, 8e-3] in g["points"]
+    assert doc["groups"]["s1/orscale_lm_transfer"]["lr_from_optim"] == "adamw"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"lr_search": {"seed": 0, "adamw_lr": {"ratios": [1, 2]}}}, "1 is the shared protocol's point"),
+        ({"lr_search": {"seed": 0, "adamw_lr": {"ratios": [2], "rounds": 0}}}, "rounds must be an integer >= 1"),
+        ({"lr_search": {"seed": 0, "shared": True}}, "needs lr_search.adamw_lr"),
+        ({"optimizers": {"adamw": [1e-3], "t": {"name": "adamw", "lr_from": "nope"}}}, "not another searched"),
+    ],
+)
+def test_bad_two_dimensional_search_specs_are_one_line(tmp_path, change, message):
+    with pytest.raises(SpecError, match=message):
+        _sweep(tmp_path, **change)
