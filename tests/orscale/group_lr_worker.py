@@ -56,7 +56,9 @@ def _groups(engine) -> list[tuple[str, float]]:
                 continue
             if role is not None:  # an AdamW group of ZeRO's client: its tensors' names from its layout
                 names = opt._layouts[i].names
-                hidden = all(n.startswith("blocks.") and len(s) == 2 for n, s in zip(names, opt._layouts[i].shapes))
+                hidden = all(
+                    n.startswith("blocks.") and len(s) == 2 for n, s in zip(names, opt._layouts[i].shapes, strict=True)
+                )
             else:
                 hidden = all(is_matrix_param(n, p) for n, p in zip(group["param_names"], group["params"], strict=True))
             out.append(("hidden" if hidden else "adamw", group["lr"]))
