@@ -76,6 +76,7 @@ def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) 
     # stood: CBP pools the role's energies in this order, so an equal setting changes no bit).
     emb_mats = [(n, p) for n, p in mats if id(p) in emb] if own else []
     mats = [(n, p) for n, p in mats if not (own and id(p) in emb)]
+    groups: list[dict[str, Any]]
     if cfg.name == "cbp":
         exempt = cfg.exempt_norms_and_embeddings
         groups = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeVar
 
 import torch
 
@@ -38,7 +39,10 @@ LR_SCALE = "lr_scale"  # routed param-group key: the group's peak LR over optim.
 _SCALES = "orscale_lr_scales"  # where an optimizer keeps them (see `keep_lr_scales`)
 
 
-def keep_lr_scales(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
+
+
+def keep_lr_scales(opt: Opt) -> Opt:
     """Move each param group's LR_SCALE key onto the optimizer itself, where `set_lr` reads it. Not
     in the groups: a loaded state dict replaces the groups' keys with the saved ones (an older
     checkpoint has none; a resumed run may have changed optim.adamw_lr), and the scale is this
