@@ -28,6 +28,19 @@ def load_yaml(text: str | bytes) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: where PyYAML found the problem (line and column, from 1), what it
+    is, and the construct it was reading (`while parsing a flow sequence` at the `[`)."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or not problem:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    line = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, where = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and where is not None and (where.line, where.column) != (mark.line, mark.column):
+        line += f" ({context} at line {where.line + 1}, column {where.column + 1})"
+    return line
+
+
 def dotted_get(tree: Any, dotted: str, default: Any = None) -> Any:
     """tree["a"]["b"] for "a.b", or `default` where a level is missing."""
     node = tree
