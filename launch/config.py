@@ -26,7 +26,7 @@ import yaml
 from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
-from launch.nested import deep_merge, load_yaml, set_dotted
+from launch.nested import deep_merge, load_yaml, set_dotted, yaml_problem
 from models.presets import ModelConfig
 from orscale.distributed.owners import MODES
 from orscale.optim_config import OptimConfig
@@ -233,8 +233,7 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
         try:
             tree = load_yaml(p.read_text()) or {}
         except yaml.YAMLError as err:
-            first = str(err).splitlines()[0]
-            raise ConfigError(f"config file '{path}' is not valid YAML: {first}") from None
+            raise ConfigError(f"config file '{path}' is not valid YAML at {yaml_problem(err)}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections")
     tree = deep_merge(tree, parse_overrides(list(overrides)))

@@ -66,8 +66,16 @@ def test_missing_or_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "nope.yaml"))
     bad = tmp_path / "bad.yaml"
-    bad.write_text("optim: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    bad.write_text("model:\n  n_layer: 2\noptim: [1, 2\ntrain:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(bad))
+    # The file, where PyYAML found the problem (the `:` of `train:`) and what it was reading (the `[`).
+    assert str(err.value) == (
+        f"config file '{bad}' is not valid YAML at line 4, column 6: did not find expected ',' or ']' "
+        "(while parsing a flow sequence at line 3, column 8)"
+    )
+    bad.write_text("train:\n  max_steps: 3\n log_every: 1\n")
+    with pytest.raises(ConfigError, match=r"at line 3, column 2: did not find expected key"):
         load_config(str(bad))
 
 
