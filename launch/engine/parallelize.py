@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -135,7 +136,12 @@ def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:
 
     # No buffer broadcast: buffers are equal on every rank by construction (RoPE tables, centred
     # means averaged after each step), and a centred layer's per-rank input sum must stay per rank.
-    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None, broadcast_buffers=False)
+    # torch 2.13 deprecates `broadcast_buffers` for `forward_sync_buffers`, which still syncs at init;
+    # its own warning says to keep `broadcast_buffers=False` for rank-local buffers until an
+    # `init_sync_buffers` exists, so that is kept and its warning (once per rank) is silenced here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None, broadcast_buffers=False)
 
 
 def no_sync(module: nn.Module, last_micro_batch: bool) -> AbstractContextManager:

@@ -116,6 +116,31 @@ def test_reshard_after_forward_auto_is_false_on_one_node_true_across_nodes(monke
     assert reshard_after_forward("true") is True and reshard_after_forward("false") is False
 
 
+def test_ddp_keeps_rank_local_buffers_without_torchs_deprecation_warning(tmp_path):
+    """wrap_ddp keeps `broadcast_buffers=False` (a centred layer's input sum is per rank: not synced,
+    not even at init, which `forward_sync_buffers=False` would still do) without the FutureWarning
+    torch 2.13 prints for it once per rank (issue 32)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from launch.engine.parallelize import wrap_ddp
+    from models import GPT
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = GPT(get_preset("tiny", n_layer=1, d_model=32, max_seq_len=16, vocab_size=64))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            filters = list(warnings.filters)
+            ddp = wrap_ddp(model, DistEnv(0, 1, 0, torch.device("cpu"), "ddp"))
+            assert warnings.filters == filters  # silenced for that one call, not for the process
+        assert [str(w.message) for w in caught] == []
+        assert getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None)) is False
+    finally:
+        dist.destroy_process_group()
+
+
 def test_param_dtype_selects_the_bf16_policy_on_any_device():
     cpu, cuda, bf16, fp32 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16, torch.float32
     assert fsdp_mixed_precision("bf16", fp32, cpu).param_dtype == bf16
