@@ -18,7 +18,6 @@ from launch.checkpoint.checkpointer import (
 )
 from launch.checkpoint.inspection import (
     check_loadable,
-    damaged_checkpoints,
     find_checkpoint,
     load_model_weights,
     newest_intact_checkpoint,
@@ -27,7 +26,6 @@ from launch.checkpoint.inspection import (
 __all__ = [
     "SaveError",
     "checkpoint_dirs",
-    "damaged_checkpoints",
     "FORMAT",
     "META",
     "Checkpointer",

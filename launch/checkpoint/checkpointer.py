@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launch.checkpoint.disk import GIB, describe_failure, dir_bytes, free_bytes, mount_point
+from launch.checkpoint.disk import describe_failure, dir_bytes, free_bytes, mount_point, size_text
 from launch.checkpoint.manifest import verify_manifest, write_manifest
 from launch.errors import UserError
 from launch.runtime.process_group import DistEnv, all_gather_objects, barrier
@@ -132,13 +132,14 @@ class Checkpointer:
         final = step_dir(self.root, step)
         tmp = self.root / f".tmp_{final.name}"
         latest = latest_checkpoint(self.root) if self.root.is_dir() else None
-        need = dir_bytes(latest) if latest is not None and self.env.is_main else 0
+        # Every rank sizes it: whichever rank's write fails says what the checkpoint needs.
+        need = dir_bytes(latest) if latest is not None else 0
         if self.env.is_main and need and free_bytes(self.root) < need * 1.05:
             log.warning(
-                "checkpoint step %d may not fit: the previous one took %.2f GiB and %.2f GiB are free on %s",
+                "checkpoint step %d may not fit: the previous one took %s and %s is free on %s",
                 step,
-                need / GIB,
-                free_bytes(self.root) / GIB,
+                size_text(need),
+                size_text(free_bytes(self.root)),
                 mount_point(self.root),
             )
 
@@ -182,12 +183,12 @@ class Checkpointer:
         """Collective: every rank learns whether any rank failed; on failure rank 0 removes the
         temporary directory and every rank raises SaveError with the same line (an error that is
         not a file-system failure is re-raised as it is where it happened)."""
-        line = None
+        line, written = None, 0
         if error is not None:
             # Sized only on a failure, on the failing rank: walking `tmp` on every stage raced with
             # rank 0's publish, which renames it away while another rank is still reading it.
-            need = need or dir_bytes(tmp)
-            line = describe_failure(error, self.root, need, latest)
+            written = dir_bytes(tmp)
+            line = describe_failure(error, self.root, need, written, latest)
             if line is None:
                 line = f"rank {self.env.rank} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
         lines = all_gather_objects(line)
@@ -196,7 +197,7 @@ class Checkpointer:
             return
         if self.env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if error is not None and describe_failure(error, self.root, need, latest) is None:
+        if error is not None and describe_failure(error, self.root, need, written, latest) is None:
             raise error
         raise SaveError(f"checkpoint step {step} not written: {failed}")
 

@@ -44,18 +44,33 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
-def describe_failure(err: BaseException, root: Path, need: int, latest: Path | None) -> str | None:
+def size_text(n: int) -> str:
+    """Bytes for a message: GiB from 1 GiB up, MiB below (a tiny model's checkpoint is not 0.00 GiB)."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def describe_failure(err: BaseException, root: Path, need: int, written: int, latest: Path | None) -> str | None:
     """One line for a checkpoint write that failed with `err`, or None when `err` is not an I/O
     failure of the file system (a bug: the caller re-raises it as it is). DCP's CheckpointException
-    (every rank's failures) is read through to the first rank's exception."""
+    (every rank's failures) is read through to the first rank's exception.
+
+    `need`: the size of `latest`, the run's newest checkpoint (0: none), which the next one matches
+    (the same model and optimizer state); `written`: what the failed save had written (its
+    temporary directory, removed before the line is read: its space counts as free). Without an
+    earlier checkpoint the line can only say the save needs more than was written."""
     failures = getattr(err, "failures", None)
     if isinstance(failures, dict) and failures:
         err = next(iter(failures.values()))[0]
     fs = mount_point(root)
-    free = free_bytes(root)
-    size = f"needs ~{need / GIB:.2f} GiB, {free / GIB:.2f} GiB free" if need else f"{free / GIB:.2f} GiB free"
+    free = f"{size_text(free_bytes(root) + written)} free"
+    if need:
+        size = f"needs ~{size_text(need)}, the size of step {_step(latest)}; {free}"
+    elif written:
+        size = f"needs more than the {size_text(written)} it wrote before failing; {free}"
+    else:
+        size = free
     code = getattr(err, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(err, RuntimeError) and free < NEARLY_FULL):
+    if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(err, RuntimeError) and free_bytes(root) < NEARLY_FULL):
         what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
         reason = f"{what} on {fs} ({size})"
     elif isinstance(err, OSError):
@@ -63,7 +78,9 @@ def describe_failure(err: BaseException, root: Path, need: int, latest: Path | N
         reason = f"{os.strerror(code) if code else err}{where} on {fs}"
     else:
         return None
-    good = (
-        f"step {int(latest.name.split('_')[-1])} ({latest}) is the latest intact" if latest else "no earlier checkpoint"
-    )
+    good = f"step {_step(latest)} ({latest}) is the latest intact" if latest else "no earlier checkpoint"
     return f"{reason}; {good}"
+
+
+def _step(checkpoint: Path | None) -> int:
+    return int(checkpoint.name.split("_")[-1]) if checkpoint is not None else 0

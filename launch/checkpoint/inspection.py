@@ -4,7 +4,6 @@ code: per-rank files through `weights_only=True`, DCP metadata through `dcp_safe
 
 from __future__ import annotations
 
-import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ from safetensors.torch import load_file
 from launch.checkpoint.checkpointer import META, checkpoint_dirs, is_complete, latest_checkpoint, read_meta
 from launch.checkpoint.dcp_safe import dcp_load, load_metadata
 from launch.checkpoint.manifest import verify_manifest
-
-log = logging.getLogger("orscale")
 
 
 def check_loadable(path: str | Path) -> str | None:
@@ -54,17 +51,6 @@ def _first_line(err: BaseException) -> str:
     return "" if "weights_only" in line else line
 
 
-def damaged_checkpoints(root: Path) -> list[tuple[Path, str]]:
-    """(directory, what is wrong with it) for every checkpoint directory under `root` that would not
-    load: unpublished (no meta.json) or failing `check_loadable`."""
-    out = []
-    for path in checkpoint_dirs(root):
-        problem = check_loadable(path) if is_complete(path) else f"{path / META} is missing"
-        if problem is not None:
-            out.append((path, problem))
-    return out
-
-
 def find_checkpoint(path: str | Path) -> Path | None:
     """A complete checkpoint from a step directory, a checkpoints root or a run directory (the
     newest one of the latter two), or None."""
@@ -87,11 +73,14 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, An
     return read_meta(path)
 
 
-def newest_intact_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under `root` whose files are intact and readable."""
-    for path in reversed([p for p in checkpoint_dirs(root) if is_complete(p)]):
-        problem = check_loadable(path)
+def newest_intact_checkpoint(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint under `root` that is published (meta.json), intact and readable, or None;
+    and (directory, what is wrong with it) for each checkpoint directory newer than it, newest first:
+    every one of them when none is intact. Each checkpoint is checked once."""
+    damaged: list[tuple[Path, str]] = []
+    for path in reversed(checkpoint_dirs(root)):
+        problem = check_loadable(path) if is_complete(path) else f"{path / META} is missing"
         if problem is None:
-            return path
-        log.warning("checkpoint %s is damaged (%s): trying the one before it", path.name, problem)
-    return None
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged

@@ -3,12 +3,13 @@
 `run.resume`: `auto` (default) resumes from the newest *intact* checkpoint of `run.dir` (one whose
 files match its manifest; a damaged newer one is skipped with a warning naming the file, and is
 never pruned or overwritten later). When checkpoints exist but none is intact, the run stops with
-one line naming each and its failing file: the trainer never starts over on top of them. `restart`
-starts from step 0 and moves every checkpoint there aside (`checkpoints.old-<time>/`, never
-deleted); `none` starts fresh in a directory that holds no run; a path resumes from that checkpoint.
-A run directory that holds metrics but no checkpoint directory at all is restarted from step 0 only
-when it holds the same run (a requeue after a preemption before the first save); another run there
-is refused unless `run.overwrite=true`. Old metrics are always kept under a new name.
+one line naming the newest and the ways on, each one's failing file under it: the trainer never
+starts over on top of them. `restart` starts from step 0 and moves every checkpoint there aside
+(`checkpoints.old-<time>/`, never deleted); `none` starts fresh in a directory that holds no run; a
+path resumes from that checkpoint. A run directory that holds metrics but no checkpoint directory
+at all is restarted from step 0 only when it holds the same run (a requeue after a preemption
+before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
+always kept under a new name.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from launch.checkpoint import FORMAT, check_loadable, damaged_checkpoints, find_checkpoint, newest_intact_checkpoint
+from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
 from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
@@ -98,15 +99,11 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
         _move_aside(run.path / "checkpoints")
         return None
     if mode == "auto":
-        found = newest_intact_checkpoint(run.path / "checkpoints")
-        damaged = damaged_checkpoints(run.path / "checkpoints") if found is None else []
-        if damaged:
-            listed = "; ".join(f"{path.name}: {problem}" for path, problem in damaged)
-            raise ConfigError(
-                f"run.dir '{run.path}' holds checkpoints but none is intact ({listed}); nothing was written. "
-                "Resume from an intact copy with run.resume=PATH, or start over with run.resume=restart "
-                "(the damaged ones are moved aside, never deleted)"
-            )
+        found, damaged = newest_intact_checkpoint(run.path / "checkpoints")
+        if found is None and damaged:
+            raise ConfigError(_none_intact(run.path / "checkpoints", damaged))
+        for path, problem in damaged:
+            log.warning("checkpoint %s is damaged (%s): resuming from %s before it", path.name, problem, found.name)
         if found is None and has_run and not run_cfg.overwrite:
             if not same_run(run, resolved):
                 raise ConfigError(
@@ -127,6 +124,17 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
     if problem is not None:
         raise ConfigError(f"run.resume='{mode}' is damaged: {problem}; pick another checkpoint")
     return found
+
+
+def _none_intact(checkpoints: Path, damaged: list[tuple[Path, str]]) -> str:
+    """One short line (the newest damaged step, the two ways on) and, under it, what failed in each."""
+    newest, older = damaged[0][0].name, len(damaged) - 1
+    which = f"{newest} and the {older} before it are" if older else f"{newest} is"
+    head = (
+        f"no intact checkpoint in {checkpoints}: {which} damaged (below) and nothing was written; resume from "
+        "an intact copy with run.resume=PATH, or start over with run.resume=restart (moved aside, never deleted)"
+    )
+    return "\n".join([head, *(f"  {path.name}: {problem.replace(f'{path}/', '')}" for path, problem in damaged)])
 
 
 def _move_aside(checkpoints: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from launch.checkpoint import check_loadable, checkpoint_dirs
+from launch.checkpoint.disk import dir_bytes, size_text
 from launch.checkpoint.manifest import write_manifest
 from launch.loop import main as train_main
 from tests.helpers import ROOT, SMALL, TINY, env, metrics, train_cmd, train_losses
@@ -49,7 +50,7 @@ def two_steps(tmp_path_factory, one_thread):
 
 
 @pytest.mark.parametrize("damage", ["truncate every file", "garbage meta.json"])
-def test_all_damaged_checkpoints_stop_the_run_and_restart_moves_them_aside(two_steps, tmp_path, capsys, damage):
+def test_all_damaged_checkpoints_stop_the_run_and_restart_moves_them_aside(two_steps, tmp_path, capsys, caplog, damage):
     run = tmp_path / "run"
     shutil.copytree(two_steps, run)
     for step in checkpoint_dirs(run / "checkpoints"):
@@ -60,10 +61,19 @@ def test_all_damaged_checkpoints_stop_the_run_and_restart_moves_them_aside(two_s
                 )
     before = _digest(run / "checkpoints")
     capsys.readouterr()
+    caplog.clear()
     assert _train(run, "train.max_steps=4") == 2
-    line = _one_error(capsys)
-    assert "none is intact" in line and "step_00000001" in line and "step_00000002" in line, line
+    err = capsys.readouterr().err.splitlines()
+    at = next(i for i, x in enumerate(err) if x.startswith("error: "))
+    line, detail = err[at], err[at + 1 :]
+    # One short line: the newest damaged step and the two ways on; each checkpoint's failing file under it.
+    assert line.startswith("error: no intact checkpoint in ") and len(line) < 300 + len(str(run)), line
+    assert "step_00000002 and the 1 before it are damaged" in line and "step_00000001" not in line, line
     assert "run.resume=restart" in line and "run.resume=PATH" in line and "stopped before" not in line
+    failing = "meta.json" if damage == "garbage meta.json" else "manifest.json"
+    assert [x.split(":")[0] for x in detail] == ["  step_00000002", "  step_00000001"], err
+    assert all(failing in x and str(run) not in x for x in detail), detail
+    assert "is damaged" not in caplog.text  # no warning per checkpoint before the error: it says it once
     assert _digest(run / "checkpoints") == before  # nothing written, nothing deleted
 
     assert _train(run, "train.max_steps=2", "run.resume=restart") == 0
@@ -102,7 +112,10 @@ def test_a_save_that_finds_no_space_is_one_line_and_keeps_the_last_checkpoint(
     assert _train(run, "train.max_steps=3") == 2
     line = _one_error(capsys)
     assert line.startswith("error: checkpoint step 2 not written: no space left on "), line
-    assert "GiB free" in line and "step 1" in line and "latest intact" in line
+    # Sized by the checkpoint before it (the same state), not by what the failed save got to write.
+    step1 = run / "checkpoints/step_00000001"
+    assert f"(needs ~{size_text(dir_bytes(step1))}, the size of step 1; " in line, line
+    assert " free); step 1 (" in line and "latest intact" in line, line
     assert not list((run / "checkpoints").glob(".tmp_*"))  # the temporary directory is gone
     assert [p.name for p in checkpoint_dirs(run / "checkpoints")] == ["step_00000001"]
     assert check_loadable(run / "checkpoints/step_00000001") is None
