@@ -97,7 +97,9 @@ def _loop(run: Run) -> dict:
         state.tokens += run.tokens_per_step
         meter.end_step(state.step, grad_norm, run.tokens_per_step, loader.take_wait_s())
 
-        if state.step % t.log_every == 0 or state.step in (t.max_steps, run.start_step + 1):
+        # Step 1 of a fresh run, not the first of a resumed one: a resume writes the records the
+        # uninterrupted run writes (its first record averages the window the checkpoint holds).
+        if state.step % t.log_every == 0 or state.step in (t.max_steps, 1):
             record = {
                 "step": state.step,
                 "tokens": state.tokens,

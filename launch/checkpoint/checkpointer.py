@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -119,9 +119,13 @@ class Checkpointer:
         sharded: Sequence[ShardedPart],
         per_rank: dict[str, RankPart],
         keep: int = 3,
+        optional: Collection[str] = (),
     ) -> None:
+        """`optional`: per-rank parts that a checkpoint of this format may lack (added after such
+        checkpoints were written); loading one of those leaves the part as it was built."""
         self.root, self.env, self.keep = Path(root), env, keep
         self.sharded, self.per_rank = list(sharded), dict(per_rank)
+        self.optional = frozenset(optional)
 
     def save(self, step: int, meta: dict[str, Any]) -> Path:
         """Write every part under `.tmp_step_N/`, then meta.json, rename, point `latest` at it and
@@ -234,5 +238,7 @@ class Checkpointer:
             torch.load(path / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in range(meta["world_size"])
         ]
         for name, rank_part in self.per_rank.items():
+            if name in self.optional and any(name not in state for state in states):
+                continue
             rank_part.load_rank_states([state[name] for state in states])
         return meta

@@ -91,6 +91,23 @@ class StepMeter:
             return None
         return ("loss", int(loss_step)) if loss_step <= norm_step else ("gradient norm", int(norm_step))
 
+    def state_dict(self) -> dict[str, Any]:
+        """The logging window so far (a checkpoint part): the steps since the last record and this
+        rank's sum of their losses, so that a run resumed between two logging steps writes the
+        records the uninterrupted run writes. Throughput and data wait restart: they time a launch."""
+        return {"steps": self._steps, "loss_sum": self._loss_sum.detach().cpu()}
+
+    def load_rank_states(self, states: list[dict[str, Any]]) -> None:
+        """Every saving rank's window, in rank order. On the same world size each rank takes its own
+        sum (bit-exact); on another, each takes the ranks' mean, which `read` averages back to the
+        same figure (it divides the all-reduced sum by the world size)."""
+        if len(states) == self.env.world_size:
+            loss_sum = states[self.env.rank]["loss_sum"]
+        else:
+            loss_sum = sum(s["loss_sum"].double() for s in states) / len(states)
+        self._loss_sum = loss_sum.to(self._loss_sum.device, self._loss_sum.dtype).reshape(())
+        self._steps = int(states[0]["steps"])
+
     def restart_clock(self) -> None:
         """Exclude what just happened (evaluation, a checkpoint) from the throughput."""
         self._t0 = time.perf_counter()

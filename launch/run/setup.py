@@ -213,12 +213,18 @@ def setup_run(cfg: Config) -> Run:
         dtype = compute_dtype(cfg.train.dtype, env.device)
         engine = engine_type(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps)
         state = TrainState(env.rank, env.world_size)
+        model = engine.model
+        flops = (model.flops_per_token(cfg.data.seq_len), model.flops_per_token(cfg.data.seq_len, causal=True))
+        meter = StepMeter(env, flops, model.num_params(), model.num_params(non_embedding=True))
         checkpointer = Checkpointer(
             run_dir.path / "checkpoints",
             env,
             sharded=[engine],
-            per_rank={"loader": loader, "train_state": state},
+            # The meter's logging window: a resume between two logging steps writes the records the
+            # uninterrupted run writes. Checkpoints written before it was saved still load.
+            per_rank={"loader": loader, "train_state": state, "meter": meter},
             keep=cfg.run.keep_checkpoints,
+            optional=("meter",),
         )
         if resume_from is not None:
             checkpointer.load(resume_from)
@@ -226,7 +232,6 @@ def setup_run(cfg: Config) -> Run:
     except BaseException:
         lock.release()
         raise
-    model = engine.model
     params = model.num_params()
     run_dir.open(
         resolved,
@@ -255,8 +260,7 @@ def setup_run(cfg: Config) -> Run:
         f"resuming at step {state.step}" if state.step else "fresh start",
     )
     audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
-    flops = (model.flops_per_token(cfg.data.seq_len), model.flops_per_token(cfg.data.seq_len, causal=True))
-    meter = StepMeter(env, flops, params, model.num_params(non_embedding=True))
+    meter.restart_clock()  # the set-up (a checkpoint's load included) is not training throughput
     return Run(
         cfg,
         env,
