@@ -15,6 +15,7 @@ class DataConfig:
     # HuggingFaceFW/fineweb-edu: its parquet files). Relative paths resolve against the project root.
     source: str = "auto"
     subset: str | None = None  # hub config name, e.g. sample-10BT
+    revision: str | None = None  # hub branch, tag or commit (None: main); pin the commit a long run logs
     data_files: list[str] = field(default_factory=list)
     split: str = "train"
     text_field: str = "text"
@@ -29,6 +30,13 @@ class DataConfig:
     shuffle_buffer: int = 256  # documents per logical shard held for shuffling (with shuffle=true)
     seed: int = 1234  # the data order's seed (train.seed is the model's)
     prefetch_steps: int = 2  # steps read, tokenised and packed ahead in a background thread; 0: inline
+    # Each hub HTTP request (resolution, footer, row group): retries of a 429/5xx/reset/stall after
+    # waits of hub_retry_wait_s doubling up to hub_retry_max_wait_s (+0-50% jitter, >= Retry-After),
+    # and its connect/read timeout (data/hub_http.py). The defaults ride out ~6 minutes of outage.
+    hub_retries: int = 10
+    hub_retry_wait_s: float = 1.0
+    hub_retry_max_wait_s: float = 60.0
+    hub_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -46,6 +54,13 @@ class DataConfig:
             (self.logical_shards >= 1, f"data.logical_shards must be >= 1, got {self.logical_shards}"),
             (self.piece_bytes >= 1024, f"data.piece_bytes must be >= 1024, got {self.piece_bytes}"),
             (self.shuffle_buffer >= 0, f"data.shuffle_buffer must be >= 0, got {self.shuffle_buffer}"),
+            (self.hub_retries >= 0, f"data.hub_retries must be >= 0 (0: no retries), got {self.hub_retries}"),
+            (
+                0 < self.hub_retry_wait_s <= self.hub_retry_max_wait_s,
+                f"data.hub_retry_wait_s ({self.hub_retry_wait_s}) must be > 0 and <= data.hub_retry_max_wait_s "
+                f"({self.hub_retry_max_wait_s})",
+            ),
+            (self.hub_timeout_s > 0, f"data.hub_timeout_s must be > 0 seconds, got {self.hub_timeout_s}"),
             (
                 self.prefetch_steps >= 0,
                 f"data.prefetch_steps must be >= 0 (0: no read-ahead), got {self.prefetch_steps}",

@@ -18,7 +18,7 @@ import numpy as np
 from data.data_config import DataConfig
 from data.data_errors import first_line
 from data.notices import Notices
-from data.stream import Catalog, build_catalog, read_texts
+from data.stream import Catalog, build_catalog, read_texts, use_hub
 from data.tokenizer import TextTokenizer
 
 log = logging.getLogger("orscale.data")
@@ -55,6 +55,7 @@ class TextDocuments:
 
     def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Catalog | None = None) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
+        use_hub(cfg)  # also in a data.prepare worker, which is given its catalog
         self.catalog = catalog or build_catalog(cfg)
         self.pieces_opened = self.rows_read = 0  # instrumentation: read amplification (benchmarks, tests)
         self.notices = Notices(log)  # skipped rows: said once per run, then counted

@@ -23,14 +23,18 @@ import json
 import logging
 import lzma
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data.data_config import DataConfig
 from data.data_errors import DataError, first_line
 from data.notices import Notices
 from data.paths import resolve_path
+
+if TYPE_CHECKING:  # data.hub_http imports httpx2: only runs that read the Hub (or fail) import it
+    from data.hub_http import HubReadError
 
 log = logging.getLogger("orscale.data")
 
@@ -74,14 +78,48 @@ def _local_files(cfg: DataConfig) -> list[str]:
     return files
 
 
+def is_hub_source(cfg: DataConfig) -> bool:
+    return cfg.source not in TEXT_FORMATS + ("auto", "tokens")
+
+
+def use_hub(cfg: DataConfig) -> None:
+    """Route this process's Hub requests through `cfg`'s retry policy and timeouts (idempotent)."""
+    if is_hub_source(cfg):
+        from data import hub_http
+
+        hub_http.install(
+            hub_http.RetryPolicy(cfg.hub_retries, cfg.hub_retry_wait_s, cfg.hub_retry_max_wait_s, cfg.hub_timeout_s)
+        )
+
+
+def hub_failure(err: BaseException) -> HubReadError | None:
+    """The `HubReadError` behind `err` (libraries re-raise it as their own errors), if any."""
+    from data.hub_http import HubReadError
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, HubReadError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return None
+
+
 def _hub_files(cfg: DataConfig) -> list[str]:
     """The parquet files of a hub dataset's split, as `datasets` resolves them (hf:// URLs)."""
     from datasets import load_dataset_builder
 
+    use_hub(cfg)
     try:
-        builder = load_dataset_builder(cfg.source, name=cfg.subset)
+        builder = load_dataset_builder(cfg.source, name=cfg.subset, revision=cfg.revision)
         files = [str(f) for f in builder.config.data_files[cfg.split]]
     except Exception as err:
+        failed = hub_failure(err)
+        if failed is not None:
+            raise DataError(
+                f"dataset '{cfg.source}' (subset {cfg.subset}) could not be resolved: {failed}; the Hub is "
+                "down or rate-limiting: run the same command later (or raise data.hub_retries)"
+            ) from None
         raise DataError(
             f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
             "offline, use data.source=json or parquet with data.data_files"
@@ -91,6 +129,7 @@ def _hub_files(cfg: DataConfig) -> list[str]:
             f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
             "only parquet hub datasets can be read by row group"
         )
+    log.info("data: %s (subset %s) resolved to %d parquet files at %s", cfg.source, cfg.subset, len(files), files[0])
     return files
 
 
@@ -100,11 +139,14 @@ def compression(path: str) -> str | None:
 
 
 def _open(path: str, mode: str = "rb"):
-    """Local path or fsspec URL (hf://... through huggingface_hub's file system)."""
+    """Local path or fsspec URL (hf://... through huggingface_hub's file system). Remote files are
+    read without fsspec's read-ahead: each pyarrow read (a footer, a row group's column chunk) is
+    then exactly one ranged request, retried on its own (`data/hub_http.py`)."""
     if "://" in path:
-        import fsspec
+        from fsspec.core import url_to_fs
 
-        return fsspec.open(path, mode).open()
+        fs, inner = url_to_fs(path)
+        return fs.open(inner, mode, cache_type="none")
     return open(path, mode)
 
 
@@ -125,6 +167,23 @@ def _open_text_stream(path: str):
     return openers[kind](_open(path))
 
 
+def _read_failure(path: str, where: str, err: BaseException) -> DataError:
+    """The one line for a read that failed: after its retries (which request, its last status),
+    or because the bytes are not what they should be."""
+    failed = hub_failure(err)
+    if failed is not None:
+        return DataError(
+            f"data file '{path}' {where} could not be read: {failed.status} after {failed.attempts} attempts "
+            f"({failed.method} {failed.url}); the Hub is down or rate-limiting: the same command resumes from "
+            "the last checkpoint (data.hub_retries sets the budget)"
+        )
+    return DataError(f"data file '{path}' {where} could not be read: {first_line(err)}")
+
+
+_FOOTERS: dict[str, Any] = {}  # remote file -> its parquet metadata: a piece's read is then one request
+_FOOTERS_KEPT = 256
+
+
 @contextlib.contextmanager
 def _parquet_file(path: str) -> Iterator[Any]:
     """A `pyarrow.parquet.ParquetFile` over a handle that is closed when the block ends."""
@@ -132,9 +191,15 @@ def _parquet_file(path: str) -> Iterator[Any]:
 
     with _open(path) as fh:
         try:
-            pf = pq.ParquetFile(fh)
+            pf = pq.ParquetFile(fh, metadata=_FOOTERS.get(path))
         except Exception as err:
+            if hub_failure(err) is not None:
+                raise _read_failure(path, "footer", err) from None
             raise DataError(f"data file '{path}' is not a readable parquet file: {first_line(err)}") from None
+        if "://" in path and path not in _FOOTERS:
+            if len(_FOOTERS) >= _FOOTERS_KEPT:
+                _FOOTERS.pop(next(iter(_FOOTERS)))
+            _FOOTERS[path] = pf.metadata
         yield pf
 
 
@@ -173,7 +238,11 @@ class Catalog:
         return Piece(index, f.path, f.kind, unit, start, min(start + self.piece_bytes, f.size))
 
     def describe(self) -> dict:
-        return {"files": len(self.files), "pieces": len(self), "piece_bytes": self.piece_bytes}
+        out: dict = {"files": len(self.files), "pieces": len(self), "piece_bytes": self.piece_bytes}
+        pinned = re.match(r"hf://datasets/[^@]+@([^/]+)/", self.files[0].path) if self.files else None
+        if pinned:  # the hub commit read: data.revision=<it> reads the same files in a later run
+            out["revision"] = pinned.group(1)
+        return out
 
 
 def file_format(path: str, source: str) -> str:
@@ -203,7 +272,7 @@ def file_format(path: str, source: str) -> str:
 
 def build_catalog(cfg: DataConfig) -> Catalog:
     """The pieces of `cfg`'s text corpus (local JSON Lines / parquet, or a hub dataset's parquet)."""
-    if cfg.source in TEXT_FORMATS + ("auto",):
+    if not is_hub_source(cfg):
         files = [describe_file(p, file_format(p, cfg.source), cfg.piece_bytes) for p in _local_files(cfg)]
     else:
         files = [describe_file(p, "parquet", cfg.piece_bytes) for p in _hub_files(cfg)]
@@ -265,9 +334,7 @@ def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[obj
         except DataError:
             raise
         except Exception as err:
-            raise DataError(
-                f"data file '{piece.path}' row group {piece.unit} could not be read: {first_line(err)}"
-            ) from None
+            raise _read_failure(piece.path, f"row group {piece.unit}", err) from None
 
 
 def read_texts(
