@@ -1,6 +1,8 @@
 """One writer per run directory: an exclusive `flock` on `<run.dir>/.lock`, held by rank 0 for the
 run's life and released by the kernel when the process ends however it ends (kill -9 included).
-A second launch on the same run.dir gets one line naming the holder."""
+A second launch on the same run.dir gets one line naming the holder. A start that fails before
+training removes what taking the lock created (the lock file, the directories made for it), so a
+refused launch leaves nothing the user did not have."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import IO
 
 from launch.errors import ConfigError
 
@@ -17,7 +20,8 @@ from launch.errors import ConfigError
 class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / ".lock"
-        self._fh = None
+        self._fh: IO[str] | None = None
+        self._created: list[Path] = []  # what acquire made, the lock file first, then its directories
 
     def acquire(self, grace_s: float = 10.0) -> str | None:
         """None once held; otherwise who holds it (from the lock file), for the error message.
@@ -25,41 +29,81 @@ class RunLock:
         A held lock is retried for `grace_s` seconds first: after kill -9 of torchrun its workers
         die by their parent-death signal, but a worker's exit (and with it the lock) can trail the
         launcher's by a moment, and a requeue that relaunches at once must not be refused for it."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a+")
-        except OSError as err:  # a parent that is a file, no permission, a read-only file system
-            raise ConfigError(
-                f"run.dir '{self.path.parent}' cannot be created or written "
-                f"({err.strerror or err}); choose another run.dir"
-            ) from None
         deadline = time.monotonic() + grace_s
         while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                fh.seek(0)
+            fh, created = self._open()
+            while True:
                 try:
-                    holder = json.loads(fh.read() or "{}")
-                except ValueError:
-                    holder = {}
-                fh.close()
-                return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() < deadline:
+                        time.sleep(0.2)
+                        continue
+                    fh.seek(0)
+                    try:
+                        holder = json.loads(fh.read() or "{}")
+                    except ValueError:
+                        holder = {}
+                    fh.close()
+                    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
+            if self._is_current(fh):
+                break
+            fh.close()  # a failed start removed the file while we waited on it: lock the one there now
         fh.seek(0)
         fh.truncate()
         fh.write(
             json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
         )
         fh.flush()
-        self._fh = fh
+        self._fh, self._created = fh, created
         return None
 
-    def release(self) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
+    def _open(self) -> tuple[IO[str], list[Path]]:
+        """The lock file opened (created with its directories if need be), and what was created."""
+        missing, parent = [], self.path.parent
+        while not parent.exists() and parent != parent.parent:
+            missing.append(parent)
+            parent = parent.parent
+        existed = self.path.exists()
+        try:
+            try:
+                fh = self._create()
+            except FileNotFoundError:  # another launch's failed start removed the directory just then
+                fh = self._create()
+        except OSError as err:  # a parent that is a file, no permission, a read-only file system
+            raise ConfigError(
+                f"run.dir '{self.path.parent}' cannot be created or written "
+                f"({err.strerror or err}); choose another run.dir"
+            ) from None
+        return fh, ([] if existed else [self.path]) + missing
+
+    def _create(self) -> IO[str]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return open(self.path, "a+")
+
+    def _is_current(self, fh: IO[str]) -> bool:
+        """Whether `fh` is still the file at the lock's path (not one removed by `release(discard)`)."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+    def release(self, discard: bool = False) -> None:
+        """Unlock. `discard`: the run never started (a refused or failed start): first remove what
+        `acquire` created, the lock file and then each directory made for it that is still empty."""
+        if self._fh is None:
+            return
+        if discard:
+            for path in self._created:  # removed while held: a launch waiting on it re-locks the new one
+                try:
+                    if path == self.path:
+                        path.unlink()
+                    else:
+                        path.rmdir()
+                except OSError:  # not empty (something else was written there) or gone: keep the rest
+                    break
+        self._created = []
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+        self._fh = None

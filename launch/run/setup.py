@@ -230,7 +230,7 @@ def setup_run(cfg: Config) -> Run:
             checkpointer.load(resume_from)
         prepare_run_dir(run_dir, state.step)
     except BaseException:
-        lock.release()
+        lock.release(discard=True)  # nothing ran: leave no lock file or directory the user did not have
         raise
     params = model.num_params()
     run_dir.open(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from launch.loop import main as train_main
+from launch.run.lock import RunLock
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "configs/tiny.yaml")
@@ -74,6 +77,7 @@ def _error_line(capsys) -> str:
         (["optim.name=sgdx"], "optim.name"),
         (["data.seq_len=512"], "exceeds the model's context"),
         (["data.data_files=[/nonexistent/corpus.jsonl]"], "not found"),
+        (["run.resume=/nonexistent/step_00000002"], "run.resume='/nonexistent/step_00000002' is not a complete"),
         (["data.tokenizer=/nonexistent/tok.json"], "not found"),
         (["model.preset=7b"], "unknown model.preset"),
         (["train.micro_batch_size=3"], "not a multiple"),
@@ -94,7 +98,39 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     (run_dir / "config.yaml").write_text("precious\n")
-    rc = train_main(["--config", TINY, *FAST, f"run.dir={run_dir}", "train.max_steps=1"])
+    # max_steps above tiny.yaml's warmup of 15: no warning line beside the error (refused before training)
+    rc = train_main(["--config", TINY, *FAST, f"run.dir={run_dir}", "train.max_steps=20"])
     assert rc == 2 and "already holds a run" in _error_line(capsys)
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert (run_dir / "config.yaml").read_text() == "precious\n"
+
+
+def test_a_start_that_fails_leaves_nothing_the_user_did_not_have(tmp_path, capsys):
+    """The lock is taken before the resume point is checked: a refused start removes the lock file
+    and the directories made for it, and leaves a directory that was there as it was (issue 32)."""
+    bad = ["--config", TINY, *FAST, "run.resume=/nonexistent/step_00000002"]
+    assert train_main([*bad, f"run.dir={tmp_path / 'new' / 'runs' / 'run'}"]) == 2
+    assert "is not a complete checkpoint" in _error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    assert train_main([*bad, f"run.dir={mine}"]) == 2
+    assert "is not a complete checkpoint" in _error_line(capsys)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (mine / "notes.txt").read_text() == "kept"
+
+
+def test_a_lock_removed_by_a_failed_start_is_not_held_twice(tmp_path):
+    """A launch waiting on the lock of a start that fails and removes the lock file must lock the
+    file that is there afterwards, not the removed one: else a third launch could hold it too."""
+    first, second = RunLock(tmp_path / "run"), RunLock(tmp_path / "run")
+    assert first.acquire(grace_s=0) is None
+    result: list[str | None] = []
+    waiter = threading.Thread(target=lambda: result.append(second.acquire(grace_s=10)))
+    waiter.start()
+    time.sleep(0.5)  # the second launch has opened the lock file and retries its flock
+    first.release(discard=True)  # a refused start: the lock file and the run dir it created go
+    waiter.join(timeout=20)
+    assert result == [None]
+    assert "pid" in RunLock(tmp_path / "run").acquire(grace_s=0)  # a third is refused: one holder
+    second.release()
