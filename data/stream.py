@@ -26,6 +26,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from data.data_config import DataConfig
@@ -72,10 +73,30 @@ def _local_files(cfg: DataConfig) -> list[str]:
         if not matches:
             raise DataError(f"data file pattern '{spec}' matched no files (check data.data_files)")
         for match in matches:
+            if match.is_dir():
+                raise DataError(_directory_given(spec, match))
             if not match.is_file():
                 raise DataError(f"data file '{spec}' not found (check data.data_files)")
             files.append(str(match))
     return files
+
+
+def _directory_given(spec: str, path: Path) -> str:
+    """The one line for a directory in `data.data_files` (files are named, a directory is not read):
+    what it holds, and the pattern that names its files when it holds any."""
+    kinds = sorted({s for f in path.iterdir() for s in _EXTENSIONS if f.is_file() and _data_name(f.name).endswith(s)})
+    if not kinds:
+        return (
+            f"data file '{spec}' is a directory with no data files in it ({', '.join(_EXTENSIONS)}, or "
+            f"those compressed: {', '.join(_COMPRESSED)}); check data.data_files"
+        )
+    return f"data file '{spec}' is a directory: name its files, e.g. data.data_files=['{spec.rstrip('/')}/*{kinds[0]}']"
+
+
+def _data_name(name: str) -> str:
+    """A file name without its compression suffix."""
+    packed = compression(name)
+    return name[: -len(packed)] if packed else name
 
 
 def is_hub_source(cfg: DataConfig) -> bool:
@@ -249,8 +270,7 @@ def file_format(path: str, source: str) -> str:
     """`json` or `parquet` for a local file: `data.source` when set, else from the extension; a
     file whose extension says otherwise than `data.source` is a one-line error."""
     packed = compression(path)
-    name = path[: -len(packed)] if packed else path
-    guessed = next((kind for s, kind in _EXTENSIONS.items() if name.endswith(s)), None)
+    guessed = next((kind for s, kind in _EXTENSIONS.items() if _data_name(path).endswith(s)), None)
     if packed and (guessed == "parquet" or source == "parquet"):
         raise DataError(
             f"data file '{path}' is a compressed parquet file: parquet compresses its own pages; decompress the file"

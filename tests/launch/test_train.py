@@ -77,6 +77,11 @@ def _error_line(capsys) -> str:
         (["optim.name=sgdx"], "optim.name"),
         (["data.seq_len=512"], "exceeds the model's context"),
         (["data.data_files=[/nonexistent/corpus.jsonl]"], "not found"),
+        (["data.data_files=[configs]"], "data file 'configs' is a directory with no data files in it (.parquet"),
+        (
+            ["data.data_files=[assets/corpus]"],
+            "is a directory: name its files, e.g. data.data_files=['assets/corpus/*.jsonl']",
+        ),
         (["run.resume=/nonexistent/step_00000002"], "run.resume='/nonexistent/step_00000002' is not a complete"),
         (["data.tokenizer=/nonexistent/tok.json"], "not found"),
         (["model.preset=7b"], "unknown model.preset"),
