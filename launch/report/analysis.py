@@ -149,8 +149,9 @@ def lr_transfer(rows: list[Row]) -> dict[str, Any]:
         for name, g in sorted(row.groups.items()):
             if g.status.startswith(("LR search", "every LR", "waiting")) or row.d_model is None:
                 continue
-            lrs = sorted(g.cells)
-            losses = [g.selection_loss(lr) for lr in lrs]
+            line = g.lr_line()  # the matrix LR through the best point (its adamw_lr, or its ratio)
+            lrs = [c.lr for c in line]
+            losses = [g.selection_loss(c.point) for c in line]
             if not any(math.isfinite(v) for v in losses):
                 continue
             v = _vertex(lrs, losses)
@@ -162,6 +163,7 @@ def lr_transfer(rows: list[Row]) -> dict[str, Any]:
                     "lrs": lrs,
                     "losses": losses,
                     "best_lr": g.best.lr,
+                    "best_adamw_lr": g.best.point[1],
                     "vertex_lr": v,
                     "edge": g.edge,
                     "selection": "search seed" if g.select_seed is not None else "mean over seeds",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launch.report import analysis, markdown, plots, sections, selection
+from launch.report import analysis, figures, markdown, protocols, sections, selection
 from launch.report.markdown_util import strict_json
 from launch.report.rows import PAPER, REFS, build_rows
 from launch.report.series import data_efficiency, scaling_points, usable
@@ -25,8 +25,8 @@ from launch.run.records import find_run_dirs, read_run
 def build_report(runs_dir: Path, out_dir: Path) -> dict:
     """Read every run under runs_dir, write report.md, summary.json and the PNGs; return the summary."""
     runs = [read_run(p) for p in find_run_dirs(runs_dir)]
-    rows = build_rows(runs)
     plan = selection.read_plan(runs_dir)
+    rows = build_rows(runs, selection.group_names(runs, runs_dir, plan))
     pending = selection.apply_plan(rows, runs_dir, plan)
     points = scaling_points(rows)
     fits: dict[tuple[str, str], PowerFit | None] = {
@@ -58,9 +58,10 @@ def build_report(runs_dir: Path, out_dir: Path) -> dict:
         resamples=BOOT_RESAMPLES,
     )
     ctx["headline"] = analysis.headline(ctx)
+    ctx["protocols"] = protocols.analyse(rows)
     ctx["downstream"] = sections.downstream_table(ctx)  # the table and its figure
     ctx["figures"] = {}  # figure name -> the numbers it plots (summary.json)
-    pngs = plots.write_all(ctx, out_dir)
+    pngs = figures.write_all(ctx, out_dir)
     (out_dir / "report.md").write_text(markdown.render(ctx, pngs))
     summary = markdown.summary_json(ctx)
     (out_dir / "summary.json").write_text(json.dumps(strict_json(summary), indent=1, default=str, allow_nan=False))

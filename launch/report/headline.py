@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from launch.report.markdown_util import OPT_NAMES, human, opt_name, table
+from launch.report.markdown_util import OPT_NAMES, fmt_point, human, opt_name, table
 from launch.report.rows import Group
 from launch.report.selection import selection_line
 from launch.report.series import usable
@@ -26,7 +26,7 @@ def _g(v: float | None, nd: int = 3) -> str:
 
 
 def _edge(g: Group) -> str:
-    return f" ⚠ LR at the {g.edge} grid edge: not tuned" if g.edge else ""
+    return f" ⚠ best at the {g.edge} tried: not tuned" if g.edge else ""
 
 
 def cell(g: Group | None) -> str:
@@ -38,7 +38,7 @@ def cell(g: Group | None) -> str:
     s = g.score
     n = len(s.runs)
     body = f"{_x(s.mean)} ± {_x(s.std)}" if n > 1 else _x(s.mean)
-    return f"{body} (n={n}, LR {s.lr:.3g}){_edge(g)}"
+    return f"{body} (n={n}, LR {fmt_point(s.point)}){_edge(g)}"
 
 
 def _order(names: set[str]) -> list[str]:
@@ -129,7 +129,7 @@ def _wins(ctx: dict, h: dict) -> list[str]:
         for (a, b), (c, adj) in e["deltas"].items():
             ga, gb = e["groups"].get(a), e["groups"].get(b)
             edges = ((a, ga), (b, gb))
-            flag = "; ".join(f"⚠ {opt_name(x)} LR at the {g.edge} grid edge" for x, g in edges if g and g.edge)
+            flag = "; ".join(f"⚠ {opt_name(x)} best at the {g.edge} tried" for x, g in edges if g and g.edge)
             if c is None:
                 why = "pending" if not (usable(ga) and usable(gb)) else "1 seed — no test"
                 body.append([e["row"].short, f"{opt_name(a)} − {opt_name(b)}", "—", "—", "—", "—", "—", why])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from launch.report import headline, sections
-from launch.report.markdown_util import OPT_NAMES, fmt, fmt_lr, opt_name, provenance, table
+from launch.report import headline, protocols, sections
+from launch.report.markdown_util import OPT_NAMES, fmt, fmt_point, opt_name, provenance, table
 from launch.report.series import usable
 from launch.report.stats import holm
 
@@ -34,6 +34,7 @@ def render(ctx: dict, pngs: dict[str, str]) -> str:
         "",
     ]
     out += headline.render(ctx, pngs)
+    out += protocols.render(ctx, pngs)
     out += _paper_table(ctx)
     out += _significance(ctx)
     out += _lr_sensitivity(ctx, pngs)
@@ -64,7 +65,7 @@ def _paper_table(ctx: dict) -> list[str]:
                     row.label,
                     f"{row.steps} × {row.tokens_per_step:,}",
                     opt_name(name),
-                    fmt_lr(b.lr) + (f" ⚠ {g.edge} edge" if g.edge else ""),
+                    fmt_point(b.point) + (f" ⚠ at the {g.edge} tried" if g.edge else ""),
                     loss if g.status == "done" else f"*pending: {g.status}* (so far {loss})" if b.runs else "*pending*",
                     str(len(b.runs)),
                     ", ".join(f"{t:,}" for t in tokens),
@@ -74,7 +75,8 @@ def _paper_table(ctx: dict) -> list[str]:
                     provenance(b.runs, root),
                 ]
             )
-    header = ["scale", "steps × tokens/step", "optimizer", "best LR", "val loss (mean ± std)", "seeds"]
+    header = ["scale", "steps × tokens/step", "optimizer", "best LR (matrices / AdamW group)", "val loss (mean ± std)"]
+    header += ["seeds"]
     header += ["tokens seen", "val tokens", "Δ vs AdamW", "paper's number (SPEC §4, not ours)", "runs (commit, config)"]
     out += table(header, body) if body else ["No finished runs."]
     commits = sorted({c for r in runs if r.finished for c in r.commits})
@@ -155,35 +157,31 @@ def _lr_sensitivity(ctx: dict, pngs: dict[str, str]) -> list[str]:
     out = [
         "## Learning-rate sensitivity",
         "",
-        "Final val loss per LR: on the LR-selection seed (with an LR search: the only seed run at every LR), else "
-        "the mean over seeds; (runs at that LR). **Bold** = best.",
+        "Final val loss per point tried: on the LR-selection seed (with an LR search: the only seed run at every "
+        "point), else the mean over seeds; (runs at that point). **Bold** = best. A point is the matrices' peak "
+        "LR, or `LR / AdamW-group LR` where the AdamW group (embedding, tied head, norm gains) ran at its own.",
         "",
     ]
     for row in ctx["rows"]:
-        lrs = sorted({lr for g in row.groups.values() for lr in g.cells})
-        if all(len(g.cells) < 2 for g in row.groups.values()) and any(g.fixed_lr for g in row.groups.values()):
-            continue  # a budget run at another scale's best LR (lr_from): no LR to compare
+        if all(len(g.cells) < 2 for g in row.groups.values()) and any(g.fixed for g in row.groups.values()):
+            continue  # a budget run at another scale's best point (lr_from): nothing to compare
         body = []
         for name, g in sorted(row.groups.items()):
             cells = []
-            for lr in lrs:
-                if lr not in g.cells:
-                    cells.append("—")
-                    continue
-                text = f"{fmt(g.selection_loss(lr))} ({len(g.cells[lr].runs)})"
-                cells.append(f"**{text}**" if lr == g.best.lr else text)
+            for pt in sorted(g.cells):
+                text = f"{fmt_point(pt)}: {fmt(g.selection_loss(pt))} ({len(g.cells[pt].runs)})"
+                cells.append(f"**{text}**" if pt == g.best.point else text)
             note = (
-                "one LR only"
+                "one point only"
                 if len(g.cells) == 1
-                else f"best LR at the {g.edge} edge of the grid — extend it"
+                else f"best at the {g.edge} tried — extend the search"
                 if g.edge
                 else "interior optimum"
             )
             if g.status != "done":
                 note = f"{note}; {g.status}"
-            body.append([opt_name(name), *cells, note])
-        out += [f"### {row.name}", ""] + table(["optimizer", *[f"lr {fmt_lr(lr)}" for lr in lrs], "note"], body)
-        out += [""]
+            body.append([opt_name(name), "; ".join(cells), note])
+        out += [f"### {row.name}", ""] + table(["optimizer", "points tried (loss, runs)", "note"], body) + [""]
     out += [f"![loss vs LR]({pngs['lr']})", ""]
     return out
 
@@ -243,6 +241,7 @@ def summary_json(ctx: dict) -> dict:
             s = g.score
             groups[name] = {
                 "best_lr": g.best.lr,
+                "best_adamw_lr": g.best.point[1],
                 "mean": _num(s.mean),
                 "std": _num(s.std),
                 "seeds": sorted(s.losses),
@@ -251,7 +250,10 @@ def summary_json(ctx: dict) -> dict:
                 "select_seed": g.select_seed,
                 "sweep_id": g.sweep_id,
                 "runs": [str(r.path.relative_to(root)) for r in s.runs],
-                "by_lr": {str(lr): {"mean": _num(c.mean), "n": len(c.runs)} for lr, c in g.cells.items()},
+                "by_point": [
+                    {"lr": pt[0], "adamw_lr": pt[1], "mean": _num(c.mean), "n": len(c.runs)}
+                    for pt, c in g.cells.items()
+                ],
             }
         rows.append(
             {
@@ -298,6 +300,7 @@ def summary_json(ctx: dict) -> dict:
         "fits": fits,
         "comparisons": comps,
         "headline": sections.headline_json(ctx),
+        "protocols": protocols.summary(ctx["protocols"]),
         "figures": ctx["figures"],
         "pending": {p.sweep_id: p.status for p in ctx["pending"]},
         "unfinished": {str(r.path.relative_to(root)): r.problem for r in ctx["runs"] if not r.finished},

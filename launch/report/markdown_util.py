@@ -16,6 +16,7 @@ OPT_NAMES = {
     "adamw": "AdamW",
     "muon_moonlight": "Muon+Moonlight",
     "orscale_lm": "OrScale-LM",
+    "orscale_lm_transfer": "OrScale-LM at Moonlight's LRs",
     "muon": "Muon",
     "orscale": "OrScale",
     "cbp": "CBP",
@@ -65,6 +66,13 @@ def fmt(x: float | None, nd: int = 4, sign: bool = False) -> str:
 
 def fmt_lr(lr: float) -> str:
     return f"{lr:.4g}"
+
+
+def fmt_point(point: tuple[float, float]) -> str:
+    """A run's two peak LRs: "0.004" when the AdamW group's equals the matrices', else "0.004 / 0.016"
+    (matrices / AdamW group: embedding, head, norm gains)."""
+    lr, adamw = point
+    return fmt_lr(lr) + ("" if math.isclose(lr, adamw, rel_tol=1e-6) else f" / {fmt_lr(adamw)}")
 
 
 def short_commit(c: str) -> str:

@@ -30,8 +30,9 @@ EXTRA = {
     "diag_scales": "muon_diagnostics_vs_params.png",
     "downstream": "accuracy_vs_val_loss.png",
     "efficiency": "data_efficiency.png",
+    "lr_grid": "loss_vs_both_lrs.png",
 }
-COLORS = {"adamw": "#1f77b4", "muon_moonlight": "#ff7f0e", "orscale_lm": "#2ca02c"}
+COLORS = {"adamw": "#1f77b4", "muon_moonlight": "#ff7f0e", "orscale_lm": "#2ca02c", "orscale_lm_transfer": "#98df8a"}
 _OTHER = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 MARKERS = "osD^vP*Xh"
 LOSS = "val loss (nats/token)"

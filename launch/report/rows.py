@@ -43,6 +43,7 @@ NOT_IN_ROW = (
     "data.encode_batch_docs",
 )
 SCALE_KEYS = ("model", "data.seq_len", "train.max_steps", "train.tokens_per_step")
+AXES = ("lr", "adamw_lr")  # optim.* keys a sweep varies within one group
 
 
 def _drop(cfg: dict, keys: tuple[str, ...]) -> dict:
@@ -65,10 +66,35 @@ def scale_label(run: RunRecord) -> str:
     return str(run.cfg("model.preset", "?")) + (f"[{','.join(parts)}]" if parts else "")
 
 
+Point = tuple[float, float]  # (optim.lr, the AdamW group's peak LR: optim.adamw_lr, = lr when unset)
+
+
+def run_point(r: RunRecord) -> Point:
+    lr = float(r.cfg("optim.lr"))
+    adamw = r.cfg("optim.adamw_lr")
+    return (lr, lr if adamw is None else float(adamw))
+
+
+def same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
 @dataclass
 class LrCell:
     lr: float
     runs: list[RunRecord] = field(default_factory=list)
+    adamw_lr: float | None = None  # None: = lr (the shared protocol's cells)
+
+    def __post_init__(self) -> None:
+        self.adamw_lr = self.lr if self.adamw_lr is None else self.adamw_lr
+
+    @property
+    def point(self) -> Point:
+        return (self.lr, float(self.adamw_lr if self.adamw_lr is not None else self.lr))
+
+    @property
+    def tied(self) -> bool:
+        return same(self.point[1], self.lr)
 
     @property
     def losses(self) -> dict[int, float]:
@@ -88,30 +114,49 @@ class LrCell:
 @dataclass
 class Group:  # one optimizer in one row
     optim: str
-    cells: dict[float, LrCell] = field(default_factory=dict)
+    cells: dict[Point, LrCell] = field(default_factory=dict)
     # Set from sweep_plan.json (launch/report/selection.py); the defaults are a sweep without a
     # plan: the LR is chosen and scored on the same seeds.
     select_seed: int | None = None  # the LR search's seed: the best LR is chosen on it alone
     eval_seeds: tuple[int, ...] | None = None  # the seeds scored at the best LR (None: all)
-    fixed_lr: float | None = None  # lr_from: the LR found at another scale
+    fixed: Point | None = None  # lr_from: the point found at another scale (or for another optimizer)
     inherited_edge: str | None = None  # lr_from: the source's grid-edge flag
     status: str = "done"  # "done", or why the group has no final numbers yet (search running, ...)
     sweep_id: str | None = None  # "<scale>/<optimizer>" of the sweep's run directories
 
     @property
     def best(self) -> LrCell:
-        if self.fixed_lr is not None and self.fixed_lr in self.cells:
-            return self.cells[self.fixed_lr]
+        if self.fixed is not None and self.fixed in self.cells:
+            return self.cells[self.fixed]
         if self.select_seed is not None:
-            on_seed = {lr: c.losses[self.select_seed] for lr, c in self.cells.items() if self.select_seed in c.losses}
+            on_seed = {pt: c.losses[self.select_seed] for pt, c in self.cells.items() if self.select_seed in c.losses}
             if on_seed:  # the planner's rule: lowest loss on the search seed, non-finite worst, ties lower LR
-                lr = min(on_seed, key=lambda x: (not math.isfinite(on_seed[x]), on_seed[x], x))
-                return self.cells[lr]
+                pt = min(on_seed, key=lambda x: (not math.isfinite(on_seed[x]), on_seed[x], x))
+                return self.cells[pt]
         # Lowest mean over seeds; a diverged seed makes the whole LR non-finite (never "best").
         return min(
             self.cells.values(),
-            key=lambda c: (not math.isfinite(c.mean), c.mean if math.isfinite(c.mean) else 0.0, c.lr),
+            key=lambda c: (not math.isfinite(c.mean), c.mean if math.isfinite(c.mean) else 0.0, c.point),
         )
+
+    @property
+    def two_lrs(self) -> bool:
+        """Whether any cell sets the AdamW group's LR apart from the matrices'."""
+        return any(not c.tied for c in self.cells.values())
+
+    def lr_line(self) -> list[LrCell]:
+        """The cells along the matrix LR through the best point, ascending: those at the best's adamw_lr
+        (a 2-D search's last LR line) when there are several, else those at its adamw_lr/lr ratio
+        (the shared protocol's grid, where adamw_lr = lr throughout)."""
+        b = self.best
+        at_adamw = [c for c in self.cells.values() if same(c.point[1], b.point[1])]
+        ratio = b.point[1] / b.lr
+        on_ratio = [c for c in self.cells.values() if same(c.point[1] / c.lr, ratio)]
+        return sorted(at_adamw if len(at_adamw) > 1 else on_ratio, key=lambda c: c.lr)
+
+    def adamw_line(self) -> list[LrCell]:
+        """The cells along adamw_lr at the best point's matrix LR, ascending."""
+        return sorted((c for c in self.cells.values() if same(c.lr, self.best.lr)), key=lambda c: c.point[1])
 
     @property
     def score(self) -> LrCell:
@@ -122,21 +167,27 @@ class Group:  # one optimizer in one row
             return b
         return LrCell(b.lr, [r for r in b.runs if int(r.cfg("train.seed", -1)) in self.eval_seeds])
 
-    def selection_loss(self, lr: float) -> float:
-        """The loss the LR was chosen on: the search seed's, else the mean over seeds."""
-        c = self.cells[lr]
+    def selection_loss(self, point: Point) -> float:
+        """The loss the point was chosen on: the search seed's, else the mean over seeds."""
+        c = self.cells[point]
         if self.select_seed is not None and self.select_seed in c.losses:
             return c.losses[self.select_seed]
         return c.mean
 
     @property
     def edge(self) -> str | None:
+        """Where the best point sits at an end of a line searched through it ("highest LR", "lowest
+        AdamW-group LR"), or None when it is interior along every line with two or more points."""
         if self.inherited_edge is not None:
             return self.inherited_edge
-        lrs = sorted(self.cells)
-        if len(lrs) < 2 or not math.isfinite(self.selection_loss(self.best.lr)):
+        b = self.best
+        if not math.isfinite(self.selection_loss(b.point)):
             return None
-        return "lowest" if self.best.lr == lrs[0] else "highest" if self.best.lr == lrs[-1] else None
+        ends = []
+        for what, line in (("LR", self.lr_line()), ("AdamW-group LR", self.adamw_line() if self.two_lrs else [])):
+            if len(line) >= 2 and (b is line[0] or b is line[-1]):
+                ends.append(f"{'lowest' if b is line[0] else 'highest'} {what}")
+        return " and ".join(ends) or None
 
 
 @dataclass
@@ -153,6 +204,8 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
     n_layer: int | None = None
     d_model: int | None = None
     sweep_scale: str | None = None  # the sweep's scale label (first part of the run directories)
+    # Other protocols' groups over this row's runs (launch/report/selection.py): "shared", "transfer".
+    protocols: dict[str, dict[str, Group]] = field(default_factory=dict)
 
     @property
     def flops_per_token(self) -> float | None:
@@ -272,14 +325,18 @@ def _row_key(r: RunRecord) -> tuple:
     )
 
 
-def build_rows(runs: list[RunRecord]) -> list[Row]:
+def build_rows(runs: list[RunRecord], names: dict[Path, str] | None = None) -> list[Row]:
+    """`names`: a group name for some runs (a sweep's optimizer label, e.g. a protocol's), instead
+    of their optimizer's."""
+    names = names or {}
     setups = _paper_setups()
     rows: dict[tuple, Row] = {}
     variants: dict[tuple, set] = {}
     finished = [r for r in runs if r.finished]
     keyed = [(_row_key(r), r) for r in finished]  # hashing a whole config: once per run
     for key, r in keyed:
-        variants.setdefault((key, r.cfg("optim.name")), set()).add(_hash(_drop(r.config["optim"], ("lr",))))
+        if r.path not in names:
+            variants.setdefault((key, r.cfg("optim.name")), set()).add(_hash(_drop(r.config["optim"], AXES)))
     for key, r in keyed:
         if key not in rows:
             rows[key] = Row(
@@ -292,11 +349,12 @@ def build_rows(runs: list[RunRecord]) -> list[Row]:
             )
             rows[key].n_params, rows[key].n_total = _params(r)
             rows[key].n_layer, rows[key].d_model = _shape(r)
-        name = str(r.cfg("optim.name"))
-        if len(variants[(key, name)]) > 1:  # same optimizer, different optim.* settings: keep apart
-            name += "#" + _hash(_drop(r.config["optim"], ("lr",)))[:4]
+        name = names.get(r.path) or str(r.cfg("optim.name"))
+        if r.path not in names and len(variants[(key, name)]) > 1:  # other optim.* settings: keep apart
+            name += "#" + _hash(_drop(r.config["optim"], AXES))[:4]
         group = rows[key].groups.setdefault(name, Group(name))
-        cell = group.cells.setdefault(float(r.cfg("optim.lr")), LrCell(float(r.cfg("optim.lr"))))
+        point = run_point(r)
+        cell = group.cells.setdefault(point, LrCell(point[0], adamw_lr=point[1]))
         twin = next((o for o in cell.runs if o.cfg("train.seed") == r.cfg("train.seed")), None)
         if twin is not None:  # a copy of a run (same setting and seed) would count twice: keep it out
             r.problem = f"duplicate of {twin.path} (same setting, LR and seed): not counted"

@@ -260,7 +260,7 @@ def unfinished(runs: list[RunRecord], root: Path) -> list[str]:
         [
             f"`{r.path.relative_to(root)}`",
             str(r.cfg("optim.name", "?")),
-            str(r.cfg("optim.lr", "?")),
+            str(r.cfg("optim.lr", "?")) + (f" / {r.cfg('optim.adamw_lr')}" if r.cfg("optim.adamw_lr") else ""),
             str(r.cfg("train.seed", "?")),
             (r.problem or "finished") + (f"; {r.bad_lines} unreadable line(s)" if r.bad_lines else ""),
         ]
@@ -277,6 +277,7 @@ def _group_json(g: Group) -> dict:
         "std": _n(s.std) if usable(g) else None,
         "n": len(s.runs),
         "lr": s.lr,
+        "adamw_lr": s.point[1],
         "edge": g.edge,
         "losses": {str(k): _n(v) for k, v in s.losses.items()},
     }

@@ -288,7 +288,7 @@ def test_edges_holm_downstream_and_hyperparameters_from_synthetic_logs(tmp_path)
     s = build_report(runs, tmp_path / "out")
     md = (tmp_path / "out/report.md").read_text()
     top = md.split("## Final validation loss")[0]
-    assert "⚠ LR at the highest grid edge: not tuned" in top and "⚠ AdamW LR at the highest grid edge" in top
+    assert "⚠ best at the highest LR tried: not tuned" in top and "⚠ AdamW best at the highest LR tried" in top
     # two tests (OrScale-LM − AdamW at a and b): Holm doubles the smaller p, keeps the order
     d = [w["deltas"]["orscale_lm|adamw"] for w in s["headline"]["wins"]]
     small, large = sorted(d, key=lambda x: x["p"])
