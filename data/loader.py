@@ -31,6 +31,7 @@ from data.data_errors import DataError
 from data.documents import Documents
 from data.notices import Notices
 from data.shard_stream import ShardStream
+from data.stream import is_hub_source
 
 log = logging.getLogger("orscale.data")
 
@@ -117,6 +118,10 @@ class PackedLoader:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.wait_s = 0.0  # time next_step() spent waiting for the reader since `take_wait_s()`
+        # What stopped the reader thread (a read that failed after its retries), as soon as it
+        # happens: the trainer may still hold steps read before it, and stops every rank on one.
+        self.failure: BaseException | None = None
+        self._retries_taken = 0
 
     # ---------------------------------------------------------------- producing steps
     def _produce(self) -> np.ndarray:
@@ -137,13 +142,23 @@ class PackedLoader:
                     except queue.Full:
                         continue
         except BaseException as err:  # handed to the trainer, which raises it
+            self._failed(err)
             self._queue.put(err)
+
+    def _failed(self, err: BaseException) -> None:
+        self.failure = err
+        if self.rank != 0 and isinstance(err, DataError):  # rank 0's line is the trainer's `error:` line
+            log.error("error: %s", err)
 
     def next_step(self) -> torch.Tensor:
         """This rank's windows of the next step, [N/W, T+1]."""
         t0 = time.perf_counter()
         if self.cfg.prefetch_steps == 0:
-            windows, snap = self._produce(), self._snapshot()
+            try:
+                windows, snap = self._produce(), self._snapshot()
+            except BaseException as err:
+                self._failed(err)
+                raise
         else:
             if self._thread is None:
                 self._queue = queue.Queue(maxsize=self.cfg.prefetch_steps)
@@ -164,6 +179,16 @@ class PackedLoader:
         wait, self.wait_s = self.wait_s, 0.0
         return wait
 
+    def take_read_retries(self) -> int:
+        """Hub requests this process retried since the last call (`data/hub_http.py`; 0 off the Hub)."""
+        if not is_hub_source(self.cfg):
+            return 0
+        from data.hub_http import retry_count
+
+        total = retry_count()
+        new, self._retries_taken = total - self._retries_taken, total
+        return new
+
     def close(self) -> None:
         """Stop the reader thread and drop what it read ahead: the shards go back to the state of
         what the trainer consumed, so a later `next_step` continues exactly."""
@@ -176,8 +201,12 @@ class PackedLoader:
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """Per-shard state after the last consumed step, keyed by logical shard id."""
-        return {"shards": {s: ShardStream.to_saved(snap) for s, snap in self._consumed.items()}}
+        """Per-shard state after the last consumed step, keyed by logical shard id, and the number of
+        pieces it addresses (a resume over a corpus that changed since is refused)."""
+        return {
+            "shards": {s: ShardStream.to_saved(snap) for s, snap in self._consumed.items()},
+            "pieces": len(self.docs),
+        }
 
     def load_rank_states(self, states: list[dict]) -> None:
         """Restore from the `state_dict()`s of every rank of a saved run, in rank order, whatever its
@@ -185,6 +214,13 @@ class PackedLoader:
         shards: dict = {}
         for state in states:
             shards.update(state["shards"])
+        saved_pieces = states[0].get("pieces", len(self.docs))  # checkpoints before it was saved: unchecked
+        if saved_pieces != len(self.docs):
+            raise DataError(
+                f"the checkpoint's data stream addressed {saved_pieces} pieces but the corpus now has "
+                f"{len(self.docs)} ({self.docs.describe()}): the data changed since (a new revision on the "
+                "Hub?); resume with the data it was saved over (data.revision=<the commit its run.log names>)"
+            )
         missing = [s for s in self.owned if s not in shards]
         if missing:
             raise DataError(f"loader state lacks logical shards {missing}; was data.logical_shards changed?")

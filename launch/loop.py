@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from data import DataError
 from launch.config import Config, load_config
 from launch.engine import Engine
 from launch.errors import USER_ERRORS
@@ -87,7 +88,12 @@ def _loop(run: Run) -> dict:
     last_loss, last_val = math.nan, (math.nan, None)
     while state.step < t.max_steps:
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
-        windows = loader.next_step()  # this rank's share of the step, read ahead in the background
+        try:
+            windows = loader.next_step()  # this rank's share of the step, read ahead in the background
+        except DataError:  # e.g. a Hub read that failed after its retries, with no step read before it
+            if env.world_size == 1 and state.step > run.start_step:
+                run.save()  # one process has no one to agree with: keep what it trained, then say why
+            raise
         run.audit.record(state.step + 1, windows)
         for micro, batch in enumerate(windows.split(t.micro_batch_size)):
             batch = batch.to(env.device, non_blocking=True)
@@ -107,6 +113,8 @@ def _loop(run: Run) -> dict:
                 "adamw_lr": lr * cfg.optim.adamw_lr_scale,  # the AdamW group's (embedding, head, norms)
                 "grad_norm": float(grad_norm),
                 **meter.read(state.tokens),
+                # Hub requests retried since the previous line, on every rank (data/hub_http.py)
+                "data_retries": int(all_reduce_sum(torch.tensor(float(loader.take_read_retries()), device=env.device))),
                 **engine.diagnostics(),
             }
             run.run_dir.write(record)
@@ -131,6 +139,8 @@ def _loop(run: Run) -> dict:
                     log.info("step %d: eval %s", state.step, summary_line(summary))
             meter.restart_clock()  # evaluation time is not training throughput
         progress.update(state.step)
+        if loader.failure is not None:  # the reader failed on a later step: every rank stops here and saves
+            stop.raised = True
         if stop.agreed():
             log.warning("stop signal: saving a checkpoint at step %d and exiting", state.step)
             run.save()
@@ -140,6 +150,8 @@ def _loop(run: Run) -> dict:
             meter.restart_clock()
     stop.restore()
     progress.close()
+    if loader.failure is not None and state.step < t.max_steps:
+        raise loader.failure  # after the save: its one line names the file, row group and last status
     val = f"{last_val[0]:.4f} (step {last_val[1]})" if last_val[1] is not None else "not evaluated in this launch"
     log.info(
         "%s at step %d: last train loss %.4f, last val loss %s",

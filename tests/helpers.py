@@ -72,23 +72,26 @@ def env() -> dict[str, str]:
     return out
 
 
-def run_train(overrides: list[str], nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_train(
+    overrides: list[str], nproc: int = 1, timeout: int = 600, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`environ`: the processes' environment instead of `env()` (e.g. `tests/data/hub_repo.hub_env`)."""
     proc = subprocess.run(
-        train_cmd(overrides, nproc), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+        train_cmd(overrides, nproc), cwd=ROOT, env=environ or env(), capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
 
 
-def run_many(runs: list[list[str]], nproc: int = 1, timeout: int = 900) -> None:
+def run_many(runs: list[list[str]], nproc: int = 1, timeout: int = 900, environ: dict[str, str] | None = None) -> None:
     """Several runs (each a list of overrides, as for `run_train`) one after another in ONE launch
     (`tests/launch/runs_worker.py`): the process start-up is paid once, not once per run."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "runs.json"
         spec.write_text(json.dumps([["--config", TINY, *SMALL, *overrides] for overrides in runs]))
         cmd = launch_cmd(ROOT / "tests/launch/runs_worker.py", [str(spec)], nproc)
-        proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, env=environ or env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"runs_worker.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 

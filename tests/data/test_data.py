@@ -373,3 +373,19 @@ def test_too_few_pieces_for_the_shards(tmp_path, gpt2_tokenizer):
     _, first = build_val_set(cfg, docs)
     with pytest.raises(DataError, match="fewer than data.logical_shards"):
         PackedLoader(cfg, docs, first, 8)
+
+
+def test_a_resume_over_a_corpus_that_changed_since_is_refused_in_one_line(tmp_path, gpt2_tokenizer):
+    """A checkpoint's shard positions address pieces by index: over a corpus with other pieces (a
+    hub dataset's new revision, a file added) they would point elsewhere, silently."""
+    a = loader_for(data_config(), gpt2_tokenizer)
+    a.next_step()
+    more = write_jsonl(tmp_path / "more.jsonl", corpus_texts()[:40])
+    b = loader_for(data_config(data_files=[*CORPUS, more]), gpt2_tokenizer)
+    with pytest.raises(DataError, match="data changed since") as err:
+        b.load_rank_states([a.state_dict()])
+    assert "\n" not in str(err.value) and "data.revision" in str(err.value)
+    c = loader_for(data_config(), gpt2_tokenizer)
+    c.load_rank_states([a.state_dict()])  # the same corpus resumes
+    old = {k: v for k, v in a.state_dict().items() if k != "pieces"}  # a checkpoint from before the check
+    c.load_rank_states([old])
