@@ -202,7 +202,7 @@ def _read_failure(path: str, where: str, err: BaseException) -> DataError:
 
 
 _FOOTERS: dict[str, Any] = {}  # remote file -> its parquet metadata: a piece's read is then one request
-_FOOTERS_KEPT = 256
+_FOOTERS_KEPT = 64  # shards move through the files together; a footer can be ~MBs for thousands of row groups
 
 
 @contextlib.contextmanager
