@@ -8,7 +8,6 @@ import argparse
 import logging
 import math
 import os
-import sys
 
 import torch
 
@@ -19,7 +18,7 @@ from launch.errors import USER_ERRORS
 from launch.run.downstream import eval_metrics, score_tasks, summary_line
 from launch.run.progress import Progress
 from launch.run.setup import Run, RunComplete, setup_run
-from launch.runtime.console import setup_logging
+from launch.runtime.console import report_user_error, setup_logging
 from launch.runtime.preemption import StopFlag
 from launch.runtime.process_group import DistEnv, all_reduce_sum, shutdown
 from orscale.schedule import lr_at
@@ -170,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         train(cfg)
     except USER_ERRORS as err:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {err}", file=sys.stderr)
+        report_user_error(err, int(os.environ.get("RANK", "0")))
         shutdown(clean=False)
         return 2
     except BaseException:

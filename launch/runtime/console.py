@@ -1,8 +1,15 @@
-"""Console logging for the project's loggers ("orscale.*"), the same in every process."""
+"""Console logging for the project's loggers ("orscale.*"), the same in every process, and the
+one way a user error reaches the console."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import sys
+import time
+from pathlib import Path
 
 
 def setup_logging(rank: int) -> None:
@@ -20,3 +27,27 @@ def setup_logging(rank: int) -> None:
         handler._orscale_console = True
         logger.addHandler(handler)
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
+
+
+# Set by `launch.runtime.elastic` (what `python -m launch.launcher` runs) for its workers: it drops
+# torchrun's traceback and failure report after a user error, so the error line stands alone.
+SHORT_ERRORS_ENV = "ORSCALE_SHORT_ERRORS"
+
+
+def report_user_error(err: BaseException, rank: int) -> None:
+    """A user error as every command shows it: `error: <first line>` on stderr, any detail lines
+    (indented) under it; rank 0 only. Under plain torchrun, which follows it with its traceback and
+    failure report, the line names the launcher that does not, and torchrun's error file gets it, so
+    that report's root cause is this line instead of a pointer to torchrun's docs."""
+    if rank != 0:
+        return
+    first, *detail = str(err).splitlines() or [type(err).__name__]
+    if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get(SHORT_ERRORS_ENV):
+        first += " (plain torchrun adds its traceback; python -m launch.launcher prints this line alone)"
+    text = "\n".join([f"error: {first}", *detail])
+    print(text, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # torchrun's @record format: {"message": {"message", "extraInfo": {"py_callstack", ...}}}
+        extra = {"py_callstack": text, "timestamp": str(int(time.time()))}
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": {"message": f"error: {first}", "extraInfo": extra}}))

@@ -6,10 +6,13 @@ what the user sees. A worker that crashed keeps torchrun's full report."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.run import parse_args, run
+
+from launch.runtime.console import SHORT_ERRORS_ENV
 
 USER_ERROR = 2  # launch.loop.main's exit status for a one-line user error
 
@@ -28,12 +31,15 @@ def _report(err: ChildFailedError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_HideUserErrorExits())
+    os.environ[SHORT_ERRORS_ENV] = "1"  # inherited by the workers: their error line stands alone here
     try:
         run(parse_args(argv))
     except ChildFailedError as err:
         if {f.exitcode for f in err.failures.values()} == {USER_ERROR}:
             return USER_ERROR
         _report(err)
+    finally:
+        os.environ.pop(SHORT_ERRORS_ENV, None)  # only for this launch's workers (main runs in-process in tests)
     return 0
 
 

@@ -183,9 +183,13 @@ def test_accelerate_launch_runs_fsdp_on_two_cpu_processes(tmp_path):
         (["parallel.backend=none"], "parallel.backend=none"),
         (["parallel.backend=fsdp", "data.logical_shards=1"], "multiple of the world size"),
         (["parallel.backend=ddp", "train.device=cuda"], "no CUDA device"),
+        # rank 0 decides, after taking the run dir's lock: the lock and the dir it made are removed
+        (["parallel.backend=ddp", "run.resume=/nonexistent/step_00000002"], "is not a complete checkpoint"),
     ],
 )
 def test_launch_errors_are_one_line_from_rank_zero_and_no_rank_hangs(tmp_path, overrides, message):
+    """Under plain torchrun too: the error line is the first line of the output (torchrun's traceback
+    and report follow it), says which launcher prints it alone, and is the report's root cause."""
     start = time.time()
     proc = subprocess.run(
         train_cmd([f"run.dir={tmp_path / 'run'}", *overrides], nproc=2),
@@ -198,6 +202,9 @@ def test_launch_errors_are_one_line_from_rank_zero_and_no_rank_hangs(tmp_path, o
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[0] == errors[0], proc.stderr[-2000:]
+    assert errors[0].endswith("; python -m launch.launcher prints this line alone)")
+    assert f"traceback : {errors[0]}" in proc.stderr  # the root cause of torchrun's report
     assert time.time() - start < 120
     assert not (tmp_path / "run").exists()
 

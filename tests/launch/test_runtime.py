@@ -19,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from launch import launcher
 from launch.report import cli as report_cli
-from launch.runtime import elastic, parent_death
+from launch.runtime import console, elastic, parent_death
 from tests.helpers import ROOT
 
 
@@ -147,3 +147,29 @@ def test_report_cli_missing_dir_is_one_line_and_an_empty_one_reports_nothing(tmp
     assert report_cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
     assert "(0 runs, 0 finished, 0 table rows)" in capsys.readouterr().out
     assert "0 run directories" in Path(tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_user_error_under_plain_torchrun_names_the_short_launcher_and_fills_torchruns_report(
+    tmp_path, monkeypatch, capsys
+):
+    """Plain torchrun follows a worker's error line with its traceback and failure report: the line
+    says which launcher prints it alone, and torchrun's error file carries it, so that the report's
+    root cause (read here by torchrun's own ProcessFailure) is the line, not a pointer to its docs."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.delenv(console.SHORT_ERRORS_ENV, raising=False)
+    console.report_user_error(ValueError("no intact checkpoint in x\n  step_00000002: rank0.pt is missing"), rank=0)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: no intact checkpoint in x (plain torchrun adds its traceback; python -m launch.launcher prints "
+        "this line alone)",
+        "  step_00000002: rank0.pt is missing",
+    ]
+    report = ChildFailedError("train.py", {0: ProcessFailure(0, 1000, 2, str(error_file))}).format_msg()
+    assert f"traceback : {err[0]}\n  {err[1]}" in report, report
+    error_file.unlink()
+    monkeypatch.setenv(console.SHORT_ERRORS_ENV, "1")  # under launch.launcher: the line alone
+    console.report_user_error(ValueError("bad"), rank=0)
+    console.report_user_error(ValueError("bad"), rank=1)  # one line for the whole launch: rank 0's
+    assert capsys.readouterr().err == "error: bad\n"
