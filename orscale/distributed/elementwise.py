@@ -1,4 +1,5 @@
-"""CBP, LAMB and LARS over FSDP2 parameters (DTensors sharded on dim 0 of a 1-D mesh).
+"""CBP, LAMB and LARS over FSDP2 parameters (DTensors sharded on dim 0 of a 1-D mesh, or of HSDP's
+2-D mesh, whose replica groups hold the same shards: the sums run over the shard group only).
 
 These optimizers are elementwise except for per-tensor norms. So, as with the Muon family, the
 arithmetic runs on each DTensor's local shard (`_local`) and the step's one tensor of per-block
@@ -37,9 +38,9 @@ class _DTensorBlocks(torch.optim.Optimizer):
             p = item[1] if isinstance(item, tuple) else item
             mesh = getattr(p, "device_mesh", None)
             if mesh is not None:
-                if mesh.ndim != 1:
-                    raise NotImplementedError(f"{type(self).__name__} supports a 1-D device mesh")
-                self._group = mesh.get_group()
+                if mesh.ndim not in (1, 2):
+                    raise NotImplementedError(f"{type(self).__name__} supports a 1-D (FSDP2) or 2-D (HSDP) device mesh")
+                self._group = mesh.get_group(mesh.ndim - 1)  # the shard dim (FSDP2 puts replicate first)
         super().add_param_group(param_group)
 
 

@@ -7,9 +7,16 @@ hook). Each matrix has ONE owner rank (``assign_owners``: greedy longest-process
 cost m·n·min(m,n), deterministic, the same on every rank); work travels in buckets of whole-matrix
 elements (``make_buckets``).
 
-* ``orscale.distributed.fsdp.ShardedMuonFamily``: FSDP2 DTensor row shards, all_to_all to owners.
+* ``orscale.distributed.fsdp.ShardedMuonFamily``: FSDP2 DTensor row shards (1-D mesh, or HSDP's
+  2-D "replicate" × "shard" mesh), all_to_all to owners and back.
 * ``orscale.distributed.ddp.ReplicatedMuonFamily``: DDP replicated params, NS on owners, all_gather.
 * ``orscale.distributed.zero.ZeroShardedOptimizer``: DeepSpeed ZeRO-1/2 flat partitions.
+
+The buckets run as a pipeline (``overlap=True``): the collective that brings bucket k+1 to its
+owners is in flight (``async_op``) while bucket k's NS runs, and the one that returns bucket k while
+k+1's NS runs; the same collectives on the same data as ``overlap=False``, so the result is the same
+bit for bit. ``exchange_plan`` is the one account of who sends what to whom (the optimizer's
+collectives and ``bench/bench_scaling.py``'s byte model both read it).
 
 Counters of the latest step (host ints, on every rank): ``ns_calls`` (matrices orthogonalised
 here), ``bytes_sent`` (bytes this rank put on the wire: all_to_all counts what goes to other
@@ -19,6 +26,7 @@ ranks; all_gather and all_reduce count a ring algorithm's (W−1)·chunk and 2(W
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +39,8 @@ from orscale.newton_schulz import newton_schulz_many
 from orscale.optim_common import ParamsT, TensorList
 
 MODES = ("owner", "replicate")
-DEFAULT_BUCKET_NUMEL = 1 << 27  # whole-matrix elements per bucket (512 MB of fp32 M̂)
+# Whole-matrix elements per bucket (512 MB of fp32 M̂).
+DEFAULT_BUCKET_NUMEL = 1 << 27
 
 
 def ns_cost(shape: tuple[int, ...]) -> int:
@@ -40,9 +49,19 @@ def ns_cost(shape: tuple[int, ...]) -> int:
     return m * n * min(m, n)
 
 
-def assign_owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+def assign_owners(shapes: list[tuple[int, ...]], world: int, replicas: int = 1) -> list[int]:
     """Owner rank per matrix: greedy longest-processing-time on ``ns_cost`` (largest first, each
-    to the least-loaded rank; ties by index and by lowest rank), the same on every rank."""
+    to the least-loaded rank; ties by index and by lowest rank), the same on every rank.
+    ``replicas`` > 1 (HSDP's replica split): the same rule first deals the matrices to the replica
+    groups, then each group's to its world // replicas ranks; owner = replica·shards + shard."""
+    if replicas > 1:
+        shards, owners = world // replicas, [0] * len(shapes)
+        group = assign_owners(shapes, replicas)
+        for r in range(replicas):
+            idx = [i for i, g in enumerate(group) if g == r]
+            for i, o in zip(idx, assign_owners([shapes[i] for i in idx], shards), strict=True):
+                owners[i] = r * shards + o
+        return owners
     owners = [0] * len(shapes)
     load = [0] * world
     for i in sorted(range(len(shapes)), key=lambda i: (-ns_cost(shapes[i]), i)):
@@ -74,10 +93,10 @@ def make_buckets(numels: list[int], cap: int) -> list[list[int]]:
     return out
 
 
-def all_gather_into(out: Tensor, inp: Tensor, group: dist.ProcessGroup | None) -> None:
+def all_gather_into(out: Tensor, inp: Tensor, group: dist.ProcessGroup | None, async_op: bool = False) -> Any:
     """Every rank's equal-size `inp`, rank-major, into `out` (newer torch: all_gather_single)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    return fn(out, inp, group=group, async_op=async_op)
 
 
 def cat_or_empty(ts: list[Tensor], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -86,21 +105,85 @@ def cat_or_empty(ts: list[Tensor], dtype: torch.dtype, device: torch.device) -> 
 
 @dataclass(frozen=True)
 class Layout:
-    owner: int  # rank that orthogonalises this matrix
+    owner: int  # rank (of the exchange group) that orthogonalises this matrix
     m: int
     n: int
-    rows: tuple[int, ...]  # rows held by each rank (all m for replicated params)
-    starts: tuple[int, ...]  # first row held by each rank
+    rows: tuple[int, ...]  # rows held by each shard rank (all m for replicated params)
+    starts: tuple[int, ...]  # first row held by each shard rank
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """One bucket's exchange from one rank's side, in elements. Rank g = replica·shards + shard
+    (HSDP's mesh order) holds the rows of shard g % shards. Inside the shard group one all_to_all
+    takes the M̂ rows of the replica group's own matrices to their owners and one brings the Q rows
+    back (the same splits, swapped); with the replica split, one all_gather across "replicate" then
+    shares every rank's Q rows of its group's matrices with the other groups."""
+
+    by_owner: list[list[int]]  # bucket positions each shard rank of this replica group owns
+    to_owner: list[int]  # M̂ elements this rank sends to each shard rank (its Q elements back)
+    at_owner: list[int]  # M̂ elements this rank receives from each shard rank (Q it sends back)
+    by_replica: list[list[int]]  # positions each replica group orthogonalises (one group: all)
+    shared: list[int]  # this rank's Q rows of each group's matrices (the all_gather pads to the max)
+
+
+def exchange_plan(lays: list[Layout], rank: int, shards: int, replicas: int = 1) -> ExchangePlan:
+    """Who sends what to whom for the bucket `lays` (see ExchangePlan)."""
+    group, me = divmod(rank, shards)
+    by_replica = [[k for k, lay in enumerate(lays) if lay.owner // shards == r] for r in range(replicas)]
+    by_owner = [[k for k in by_replica[group] if lays[k].owner % shards == d] for d in range(shards)]
+
+    def rows(k: int, s: int) -> int:
+        return lays[k].rows[s] * lays[k].n
+
+    return ExchangePlan(
+        by_owner=by_owner,
+        to_owner=[sum(rows(k, me) for k in ks) for ks in by_owner],
+        at_owner=[sum(rows(k, s) for k in by_owner[me]) for s in range(shards)],
+        by_replica=by_replica,
+        shared=[sum(rows(k, me) for k in ks) for ks in by_replica],
+    )
+
+
+class InFlight:
+    """A bucket's collectives in flight (``async_op=True`` works) and what turns their buffers into
+    the bucket's matrices once they have landed, or into the next stage's collectives."""
+
+    def __init__(
+        self, works: list[Any], finish: Callable[[], list[Tensor] | InFlight], buffers: tuple[Tensor, ...] = ()
+    ) -> None:
+        # buffers: what the collectives read and write, kept alive until they have landed
+        self.works, self.finish, self.buffers = works, finish, buffers
+
+    def wait(self) -> list[Tensor] | InFlight:
+        for work in self.works:
+            if work is not None:
+                work.wait()
+        out = self.finish()
+        self.buffers = ()
+        return out
+
+    def result(self) -> list[Tensor]:
+        """Every stage, waited for in turn."""
+        out = self.wait()
+        return out.result() if isinstance(out, InFlight) else out
+
+
+def landed(value: list[Tensor]) -> InFlight:
+    """A stage that needed no communication."""
+    return InFlight([], lambda: value)
 
 
 class OwnerMuonFamily(MuonFamily):
-    """What both sharded flavours share: owners, buckets, counters."""
+    """What both sharded flavours share: owners, buckets and their pipeline, counters."""
 
     _sharded_rows = False  # params are row shards (FSDP2) rather than whole replicated matrices
     # set by the subclasses before the first _build_consts (defaults: a single process)
-    _group: dist.ProcessGroup | None = None
-    _rank = 0
-    _world = 1
+    _group: dist.ProcessGroup | None = None  # the owner exchange's group
+    _rank = 0  # this rank in _group
+    _world = 1  # owner slots: ranks of _group, times the replica groups with the replica split
+    _shards = 1  # ranks a row-sharded matrix is split over (_world, or the HSDP shard group)
+    _replicas = 1  # replica groups that split the NS work (HSDP's replica split; else 1)
 
     def __init__(
         self,
@@ -110,24 +193,28 @@ class OwnerMuonFamily(MuonFamily):
         *,
         mode: str = "owner",
         bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+        overlap: bool = True,
         **kwargs: Any,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if bucket_numel < 1:
             raise ValueError(f"bucket_numel must be >= 1, got {bucket_numel}")
-        self.mode, self.bucket_numel = mode, bucket_numel
+        self.mode, self.bucket_numel, self.overlap = mode, bucket_numel, overlap
         self._layout: dict[int, Layout] = {}
         super().__init__(params, lr, weight_decay, **kwargs)
 
     def _build_consts(self) -> None:
         super()._build_consts()
         ps = [p for g in self.param_groups for p in g["params"]]
-        owners = assign_owners([tuple(p.shape) for p in ps], self._world)
+        owners = assign_owners([tuple(p.shape) for p in ps], self._world, self._replicas)
         self._layout = {}
+        self._device = ps[0].device if ps else torch.device("cpu")
         for p, o in zip(ps, owners, strict=True):
             m, n = p.shape
-            rows, starts = row_split(m, self._world) if self._sharded_rows else ((m,) * self._world, (0,) * self._world)
+            rows, starts = (
+                row_split(m, self._shards) if self._sharded_rows else ((m,) * self._world, (0,) * self._world)
+            )
             self._layout[id(p)] = Layout(o, m, n, rows, starts)
 
     def owners(self) -> list[list[int]]:
@@ -146,16 +233,56 @@ class OwnerMuonFamily(MuonFamily):
         return newton_schulz_many(mats, group["ns_steps"], group["ns_coefficients"], group["ns_dtype"])
 
     def orthogonalize(self, w: GroupWork, m_hats: TensorList) -> list[Tensor]:
-        """(b), distributed: per bucket of matrices, ``_orthogonalize_bucket`` returns this
-        rank's part of Q (local rows, or the whole matrix when replicated) in fp32."""
+        """(b), distributed: per bucket, ``_to_owners`` brings the matrices this rank orthogonalises,
+        ``_ns`` runs, ``_from_owners`` returns this rank's part of each Q (local rows, or the whole
+        matrix when replicated) in fp32. Overlapped: bucket k+1 travels to its owners while k's NS
+        runs, and each return moves one stage on (lands; starts its next collective) per NS."""
         if self._world == 1 or (self.mode == "replicate" and not self._sharded_rows):
             return super().orthogonalize(w, m_hats)
         lays = [self._layout[id(p)] for p in w.params]
+        buckets = make_buckets([lay.m * lay.n for lay in lays], self.bucket_numel)
+
+        def send(k: int) -> InFlight:
+            return self._to_owners(w.group, [m_hats[i] for i in buckets[k]], [lays[i] for i in buckets[k]])
+
         qs: dict[int, Tensor] = {}
-        for bucket in make_buckets([lay.m * lay.n for lay in lays], self.bucket_numel):
-            out = self._orthogonalize_bucket(w.group, [m_hats[i] for i in bucket], [lays[i] for i in bucket])
-            qs.update(zip(bucket, out, strict=True))
+        returning: list[tuple[list[int], InFlight]] = []  # oldest first
+
+        def advance() -> None:
+            still = []
+            for positions, flight in returning:
+                out = flight.wait()
+                if isinstance(out, InFlight):
+                    still.append((positions, out))
+                else:
+                    qs.update(zip(positions, out, strict=True))
+            returning[:] = still
+
+        inbound = send(0)
+        for k, bucket in enumerate(buckets):
+            fulls = inbound.result()
+            if self.overlap and k + 1 < len(buckets):
+                inbound = send(k + 1)  # in flight while this bucket's NS runs
+            q_full = self._ns(w.group, fulls)
+            del fulls
+            advance()  # the returns started before this NS have landed meanwhile
+            returning.append((bucket, self._from_owners(w.group, q_full, [lays[i] for i in bucket])))
+            del q_full
+            if not self.overlap:
+                while returning:
+                    advance()
+                if k + 1 < len(buckets):
+                    inbound = send(k + 1)
+        while returning:
+            advance()
         return [qs[i] for i in range(len(m_hats))]
 
-    def _orthogonalize_bucket(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> list[Tensor]:
+    def _to_owners(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> InFlight:
+        """Start moving one bucket's M̂ to its owners; the result: the matrices this rank owns (in
+        bucket order), whole, ready for NS."""
+        raise NotImplementedError
+
+    def _from_owners(self, group: dict[str, Any], q_full: list[Tensor], lays: list[Layout]) -> InFlight:
+        """Start returning the owned Qs (NS dtype); the result (after one or more stages): this
+        rank's part of every Q of the bucket, in bucket order, fp32."""
         raise NotImplementedError

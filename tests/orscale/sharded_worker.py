@@ -12,6 +12,7 @@ one JSON file with the numbers; the tests assert on them.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -64,6 +65,13 @@ def make_model(kind: str) -> nn.Module:
     return GPT(get_preset("tiny", n_layer=2, d_model=64, n_head=4, max_seq_len=32, vocab_size=512))
 
 
+def muon_shapes(kind: str) -> list[tuple[int, int]]:
+    """The shapes `make_model(kind)`'s Muon family holds, in its order (bench/bench_scaling.py's input)."""
+    from orscale.routing import route_parameters
+
+    return [tuple(p.shape) for _, p in route_parameters(make_model(kind), OptimConfig(name="orscale_lm")).matrices]
+
+
 def synthetic_grads(model: nn.Module, kind: str, t: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + t)
     out = {}
@@ -93,22 +101,23 @@ def set_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
         if g is None:
             p.grad = None
         elif is_dtensor(p):
-            mesh = p.device_mesh
-            rows, starts = row_split(p.shape[0], mesh.size())
-            r = mesh.get_local_rank()
+            mesh = p.device_mesh  # 1-D (FSDP2) or HSDP's 2-D: rows split over the last dim
+            rows, starts = row_split(p.shape[0], mesh.size(mesh.ndim - 1))
+            r = mesh.get_local_rank(mesh.ndim - 1)
             local = g[starts[r] : starts[r] + rows[r]].clone()
             p.grad = DTensor.from_local(local, mesh, p.placements, shape=p.shape, stride=p.stride())
         else:
             p.grad = g.clone()
 
 
-def shard(model: nn.Module, backend: str) -> nn.Module:
+def shard(model: nn.Module, backend: str, mesh=None) -> nn.Module:
+    """FSDP2 (on `mesh`: default the 1-D world; a 2-D one is HSDP) or DDP."""
     if backend == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -169,9 +178,20 @@ class _NoHostSync:
             setattr(torch.Tensor, a, f)
 
 
-def sharded_run(kind: str, preset: str, backend: str, mode: str, ref: dict, bucket_numel: int | None = None) -> dict:
-    model = shard(make_model(kind), backend)
-    opts = build_optimizers(model, cfg_for(preset), backend=backend, mode=mode)
+def weights_digest(model: nn.Module) -> str:
+    """A hash of this rank's weights (its shards, or whole replicas): bit-identity of two runs."""
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters(), key=lambda item: canonical_name(item[0])):
+        h.update((p.to_local() if is_dtensor(p) else p).detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def sharded_run(
+    kind: str, preset: str, backend: str, mode: str, ref: dict, bucket_numel: int | None = None, mesh=None, **kw
+) -> dict:
+    """`mesh`: FSDP2's (HSDP when 2-D); `kw`: more build_optimizers arguments (replica_split, overlap)."""
+    model = shard(make_model(kind), backend, mesh)
+    opts = build_optimizers(model, cfg_for(preset), backend=backend, mode=mode, **kw)
     muon = muon_of(opts)
     if bucket_numel is not None:
         muon.bucket_numel = bucket_numel
@@ -223,6 +243,7 @@ def sharded_run(kind: str, preset: str, backend: str, mode: str, ref: dict, buck
         c_plain=c_plain,
         n_matrices=len(names),
         owners=muon.owners()[0],
+        digest=weights_digest(model),
     )
 
 
@@ -325,6 +346,16 @@ def real_backward(backend: str) -> dict:
     return err
 
 
+def bucketed_runs(kind: str) -> list[tuple[str, str, bool]]:
+    """(key, backend, overlap) of the small-bucket runs: pipelined (the default) and one bucket at a
+    time (`_sync`), whose weights must be bit-identical."""
+    return [
+        (f"{kind}/orscale_lm/{backend}/owner_bucketed{'' if overlap else '_sync'}", backend, overlap)
+        for backend in ("fsdp", "ddp")
+        for overlap in (True, False)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -343,11 +374,11 @@ def main() -> None:
                 results["runs"][key]["ref_c"] = ref["c"]
                 results["runs"][key]["ref_ns_calls"] = ref["ns_calls"]
             if preset == "orscale_lm":  # several buckets, some where a rank owns nothing
-                key = f"{kind}/{preset}/fsdp/owner_bucketed"
-                results["runs"][key] = sharded_run(
-                    kind, preset, "fsdp", "owner", ref, bucket_numel=40 if kind == "toy" else 12288
-                )
-                results["runs"][key]["ref_c"] = ref["c"]
+                for key, backend, overlap in bucketed_runs(kind):
+                    results["runs"][key] = sharded_run(
+                        kind, preset, backend, "owner", ref, 40 if kind == "toy" else 12288, overlap=overlap
+                    )
+                    results["runs"][key]["ref_c"] = ref["c"]
     results["dcp"] = {kind: dcp_roundtrip(kind, f"{args.ckpt}_{kind}") for kind in ("toy", "gpt")}
     results["real"] = {b: real_backward(b) for b in ("fsdp", "ddp")}
     gathered: list = [None] * dist.get_world_size()

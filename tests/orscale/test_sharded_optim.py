@@ -13,17 +13,18 @@ import pytest
 import torch
 from torch import nn
 
+from bench.bench_scaling import optimizer_bytes_sent
 from orscale import MuonFamily, OptimConfig, ReplicatedMuonFamily, ShardedMuonFamily, build_optimizers
 from orscale import OptimConfigError as ConfigError
-from orscale.distributed.owners import assign_owners, make_buckets, ns_cost, row_split
+from orscale.distributed.owners import Layout, assign_owners, exchange_plan, make_buckets, ns_cost, row_split
 from tests.helpers import ROOT, env, free_port
-from tests.orscale.sharded_worker import FLAVOURS, LRS, PRESETS
+from tests.orscale.sharded_worker import FLAVOURS, LRS, PRESETS, bucketed_runs, muon_shapes
 
 TOL = 1e-5  # relative (Frobenius) error vs the single-process run; fp32 NS
 RUNS = [
     f"{kind}/{preset}/{backend}/{mode}" for kind in ("toy", "gpt") for preset in PRESETS for backend, mode in FLAVOURS
 ]
-RUNS += [f"{kind}/orscale_lm/fsdp/owner_bucketed" for kind in ("toy", "gpt")]
+RUNS += [key for kind in ("toy", "gpt") for key, _, _ in bucketed_runs(kind)]
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,36 @@ def test_collectives_are_bucketed(worker: list[dict]) -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["toy", "gpt"])
+def test_bytes_sent_match_the_scaling_model(worker: list[dict], kind: str) -> None:
+    # bench/bench_scaling.py's count of the owner exchange and the norm all_reduce (the last step:
+    # every matrix active; fp32 NS, so Q travels as 4 bytes) against the optimizer's own counter.
+    shapes = muon_shapes(kind)
+    for rank, w in enumerate(worker):
+        assert w["runs"][f"{kind}/orscale_lm/fsdp/owner"]["bytes_sent"][-1] == optimizer_bytes_sent(
+            shapes, 1, 2, rank, 4
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["toy", "gpt"])
+@pytest.mark.parametrize("backend", ["fsdp", "ddp"])
+def test_overlapped_exchange_is_bit_identical(worker: list[dict], kind: str, backend: str) -> None:
+    # The pipelined owner exchange (bucket k+1 in flight during bucket k's NS) against one bucket at
+    # a time: the same collectives on the same data, so every rank's weights hash alike.
+    for w in worker:
+        runs = w["runs"]
+        piped, sync = (
+            runs[f"{kind}/orscale_lm/{backend}/owner_bucketed"],
+            runs[f"{kind}/orscale_lm/{backend}/owner_bucketed_sync"],
+        )
+        assert piped["collectives"][-1] == sync["collectives"][-1] > 3
+        assert piped["digest"] == sync["digest"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["toy", "gpt"])
 def test_dcp_roundtrip_of_sharded_state(worker: list[dict], kind: str) -> None:
     # momentum (DTensor shards, incl. an empty one) and c (0-d fp32) equal after save → load;
     # the next step is bit-identical; the files also load into one unsharded process.
@@ -147,6 +178,33 @@ def test_assign_owners_balances_ns_cost() -> None:
     assert max(load) / min(load) <= 1.1
     assert assign_owners(shapes, 1) == [0] * len(shapes)
     assert sorted(set(assign_owners([(4, 4)] * 3, 8))) == [0, 1, 2]
+
+
+def test_replica_split_owners_deal_groups_then_ranks() -> None:
+    shapes = [(384, 128), (128, 128), (512, 128), (128, 512)] * 4
+    owners = assign_owners(shapes, 4, replicas=2)  # owner = group·2 + shard
+    assert assign_owners(shapes, 4) != owners and set(owners) == {0, 1, 2, 3}
+    group = [sum(ns_cost(s) for s, o in zip(shapes, owners, strict=True) if o // 2 == g) for g in range(2)]
+    assert max(group) / min(group) <= 1.1
+    assert [o // 2 for o in owners] == assign_owners(shapes, 2)  # groups first, by the same rule
+    assert assign_owners(shapes, 4, replicas=1) == assign_owners(shapes, 4)
+
+
+@pytest.mark.parametrize("replicas, shards", [(1, 2), (1, 4), (2, 2), (2, 1), (4, 2)])
+def test_exchange_plans_agree_between_peers(replicas: int, shards: int) -> None:
+    # What each rank sends to a peer is what that peer expects from it, in both directions; the
+    # replica split's all_gather has the same widths on every rank of a "replicate" group.
+    shapes = [(1, 8), (5, 7), (6, 6), (10, 3), (192, 64), (64, 256)]
+    owners = assign_owners(shapes, replicas * shards, replicas)
+    lays = [Layout(o, m, n, *row_split(m, shards)) for (m, n), o in zip(shapes, owners, strict=True)]
+    plans = [exchange_plan(lays, g, shards, replicas) for g in range(replicas * shards)]
+    for g, plan in enumerate(plans):
+        base, me = g - g % shards, g % shards
+        assert plan.by_owner == plans[base].by_owner  # one view per replica group
+        for d in range(shards):
+            assert plan.to_owner[d] == plans[base + d].at_owner[me]
+        assert plan.shared == plans[me].shared  # the same shard rank of every group
+        assert sorted(k for ks in plan.by_replica for k in ks) == list(range(len(shapes)))
 
 
 def test_make_buckets() -> None:
