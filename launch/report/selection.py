@@ -203,8 +203,19 @@ def selection_line(plan: dict | None) -> str:
             f"**LR selection:** the LR was chosen on seed {seed}, and the only seed scored is the same one: "
             "the numbers are biased low by the selection."
         )
-    return (
+    line = (
         f"**LR selection:** each optimizer's LR was chosen on seed {seed} alone (`sweep_plan.json`), and every "
         f"number at the best LR is scored on the evaluation seeds {', '.join(map(str, seeds))} only: selection "
         "and scoring never share a seed."
     )
+    ratios = plan["lr_search"].get("adamw_ratios") or []
+    if ratios:
+        rounds = plan["lr_search"].get("rounds", 1)
+        line += (
+            " **Both** peak LRs were tuned: the hidden matrices' (`optim.lr`) and the AdamW group's "
+            "(`optim.adamw_lr`: token embedding = tied head, norm gains), by coordinate search on that seed — the "
+            f"LR grid at adamw_lr = lr, then adamw_lr at {', '.join(f'{r:g}' for r in ratios)} × the best LR, then "
+            f"the LR at the best adamw_lr (up to {rounds} round{'s' if rounds > 1 else ''}), each line extended past "
+            "an edge optimum. The other protocols are in the Protocols section below."
+        )
+    return line

@@ -40,7 +40,6 @@ Every problem raises SpecError with one line naming the key.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,10 @@ import yaml
 
 from data.paths import PROJECT_ROOT as ROOT
 from launch.nested import dotted_get, load_yaml, yaml_problem
+from launch.sweep.search_spec import LrSearch, parse_search
+from launch.sweep.spec_values import SpecError as SpecError  # raised here; callers catch it from spec
+from launch.sweep.spec_values import fail as _fail
+from launch.sweep.spec_values import lrs as _lrs
 
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "optim.adamw_lr", "train.seed")  # owned by the grid
@@ -64,13 +67,7 @@ TOP_KEYS = (
     "description",
     "lr_search",
 )
-SEARCH_KEYS = ("seed", "max_extra", "factor", "adamw_lr", "shared")
-ADAMW_SEARCH_KEYS = ("ratios", "rounds")
 SLURM_KEYS = ("gpus_per_node", "nodes", "cpus_per_task", "time", "partition", "account", "extra")
-
-
-class SpecError(ValueError):
-    """A bad sweep file: the message is one line."""
 
 
 @dataclass
@@ -97,20 +94,6 @@ class Cell:
         return dotted_get(
             _read_yaml(ROOT / self.base if not Path(self.base).is_absolute() else Path(self.base)), dotted, default
         )
-
-
-@dataclass(frozen=True)
-class LrSearch:
-    """`lr_search`: tune on `seed`, extend an edge optimum by `factor` up to `max_extra` times;
-    `adamw_ratios` (not empty): then tune optim.adamw_lr too, `rounds` coordinate rounds;
-    `shared`: also score the tied optimum."""
-
-    seed: int
-    max_extra: int = 2
-    factor: float | None = None  # None: the grid's own ratio between neighbours (2 when it has one LR)
-    adamw_ratios: tuple[float, ...] = ()
-    rounds: int = 1
-    shared: bool = False
 
 
 @dataclass
@@ -177,10 +160,6 @@ def _read_yaml(path: Path) -> Any:
     return _yaml_cache[path]
 
 
-def _fail(msg: str) -> None:
-    raise SpecError(msg)
-
-
 def fmt_value(v: Any) -> str:
     """A YAML scalar as train.py's dotted overrides read it back (bool -> true, list -> [..])."""
     if isinstance(v, bool):
@@ -205,21 +184,6 @@ def _overrides(raw: Any, where: str) -> list[str]:
         if key in AXIS_KEYS:
             _fail(f"{where}: '{key}' is set by the sweep's axes (scales/optimizers/lrs/seeds, runs_dir)")
         out.append(f"{key}={fmt_value(value)}")
-    return out
-
-
-def _lrs(raw: Any, where: str) -> list[float]:
-    if not isinstance(raw, list) or not raw:
-        _fail(f"{where} must be a non-empty list of learning rates, got {raw!r}")
-    out = []
-    for v in raw:
-        try:  # PyYAML reads 1e-3 (no dot) as a string
-            f = float(v)
-        except (TypeError, ValueError):
-            _fail(f"{where}: {v!r} is not a number")
-        if not (math.isfinite(f) and f > 0):
-            _fail(f"{where}: learning rate {v!r} must be a positive number")
-        out.append(f)
     return out
 
 
@@ -351,7 +315,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if bad:
         _fail(f"unknown slurm key '{bad[0]}' (valid: {', '.join(SLURM_KEYS)})")
 
-    search = _search(doc.get("lr_search"))
+    search = parse_search(doc.get("lr_search"))
     sweep = Sweep(path=path, runs_dir=runs_dir, seeds=list(seeds), search=search, slurm=slurm)
     scales = _scales(doc["scales"], base)
     labels = {sc["label"] for sc in scales}
@@ -399,45 +363,3 @@ def load_sweep(path: str | Path) -> Sweep:
                 _fail(f"two cells share a directory under {group.id} (duplicate label or learning rate)")
             sweep.groups.append(group)
     return sweep
-
-
-def _search(raw: Any) -> LrSearch | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or "seed" not in raw:
-        _fail(f"'lr_search' must be a mapping with a 'seed' (and optional max_extra, factor), got {raw!r}")
-    bad = sorted(set(map(str, raw)) - set(SEARCH_KEYS))
-    if bad:
-        _fail(f"unknown lr_search key '{bad[0]}' (valid: {', '.join(SEARCH_KEYS)})")
-    seed, extra, factor = raw["seed"], raw.get("max_extra", 2), raw.get("factor")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        _fail(f"lr_search.seed must be an integer, got {seed!r}")
-    if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
-        _fail(f"lr_search.max_extra must be an integer >= 0, got {extra!r}")
-    if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
-        _fail(f"lr_search.factor must be a number > 1, got {factor!r}")
-    shared = raw.get("shared", False)
-    if not isinstance(shared, bool):
-        _fail(f"lr_search.shared must be true or false, got {shared!r}")
-    ratios, rounds = _adamw_search(raw.get("adamw_lr"))
-    if shared and not ratios:
-        _fail("lr_search.shared scores the tied optimum beside the tuned one: it needs lr_search.adamw_lr")
-    return LrSearch(seed, extra, float(factor) if factor is not None else None, ratios, rounds, shared)
-
-
-def _adamw_search(raw: Any) -> tuple[tuple[float, ...], int]:
-    """`lr_search.adamw_lr`: {ratios: [...], rounds: N} -> (ratios, rounds); absent: ((), 1)."""
-    if raw is None:
-        return (), 1
-    if not isinstance(raw, dict) or "ratios" not in raw:
-        _fail(f"lr_search.adamw_lr must be a mapping with 'ratios' (and optional rounds), got {raw!r}")
-    bad = sorted(set(map(str, raw)) - set(ADAMW_SEARCH_KEYS))
-    if bad:
-        _fail(f"unknown lr_search.adamw_lr key '{bad[0]}' (valid: {', '.join(ADAMW_SEARCH_KEYS)})")
-    ratios = _lrs(raw["ratios"], "lr_search.adamw_lr.ratios")
-    if any(math.isclose(r, 1.0) for r in ratios):
-        _fail("lr_search.adamw_lr.ratios: 1 is the shared protocol's point, already run; list the others")
-    rounds = raw.get("rounds", 1)
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        _fail(f"lr_search.adamw_lr.rounds must be an integer >= 1, got {rounds!r}")
-    return tuple(ratios), rounds

@@ -144,7 +144,7 @@ def test_report_tables_and_pngs_match_logs(mini):
         "## Significance",
         "## Learning-rate sensitivity",
         "too few scales for a fit",
-        "edge of the grid",
+        "tried — extend the search",
         "## Unfinished runs",
         "None.",
     ):
@@ -165,7 +165,7 @@ def test_killed_cell_is_reported_then_rerun(mini, capsys):
     md = (mini["tmp"] / "report_killed/report.md").read_text()
     assert "`b/orscale_lm/lr0.01-seed1`" in md.split("## Unfinished runs")[1]
     row_b = next(r for r in summary["rows"] if ",d64," in r["label"])
-    assert row_b["groups"]["orscale_lm"]["by_lr"]["0.01"]["n"] == 1  # never averaged in
+    assert next(p for p in row_b["groups"]["orscale_lm"]["by_point"] if p["lr"] == 0.01)["n"] == 1  # never averaged in
     capsys.readouterr()
     assert sweep.main([str(mini["spec"])]) == 0
     out = capsys.readouterr().out
@@ -254,6 +254,11 @@ def test_ready_sweep_files():
     cell = next(c for c in paper.cells if c.id == "399m/orscale_lm/lr0.0009503-seed42")
     assert cell.base == "configs/399m.yaml" and cell.value("train.max_steps") == 11342
     assert jobs.train_argv(cell, 8)[1:6] == ["-m", "launch.launcher", "--standalone", "--nproc_per_node=8", "train.py"]
+    # both LRs tuned, the shared protocol scored, OrScale-LM at Moonlight's LRs (issue 29), in both ladders
+    for path, cells in (("paper.yaml", 12), ("cpu_ladder.yaml", 60)):
+        s = load_sweep(ROOT / "configs/sweeps" / path)
+        assert len(s.cells) == cells and s.search is not None and s.search.adamw_ratios and s.search.shared, path
+        assert {g.optim for g in s.groups if g.lr_from_optim == "muon_moonlight"} == {"orscale_lm_transfer"}, path
     mini = load_sweep(ROOT / "configs/sweeps/cpu_mini.yaml")
     assert len(mini.cells) == 24 and all(jobs.in_process(c, 1) for c in mini.cells)
 
@@ -346,7 +351,7 @@ def test_unfinished_truncated_missing_and_diverged(tmp_path):
     assert "last line torn" in summary["unfinished"]["torn"]
     g = summary["rows"][0]["groups"]["adamw"]
     assert g["best_lr"] == 1e-3 and g["mean"] is None  # 3.0 and NaN: the LR counts as diverged
-    assert g["by_lr"]["0.003"]["mean"] is None
+    assert next(p for p in g["by_point"] if p["lr"] == 0.003)["mean"] is None
     md = (tmp_path / "out/report.md").read_text()
     assert "diverged" in md and "metrics.jsonl missing" in md and "config.yaml missing" in md
 
