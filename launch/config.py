@@ -28,7 +28,7 @@ from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted, yaml_problem
 from models.presets import ModelConfig
-from orscale.distributed.owners import MODES
+from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
 
 BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
@@ -110,6 +110,15 @@ class ParallelConfig:
     # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
     param_dtype: str = "auto"
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
+    # HSDP (FSDP2 on a 2-D mesh): shard within groups of dp_shard ranks (a node), replicate across
+    # dp_replicate of them; dp_shard -1: the rest of the world (resolved here, recorded in config.yaml).
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    # HSDP + Muon family: split the Newton–Schulz work across the replica groups too (1/R of the
+    # FLOPs per rank for Q rows sent across "replicate"; docs/scaling.md says when it pays).
+    muon_replica_split: bool = False
+    muon_overlap: bool = True  # owner exchange: bucket k+1 in flight while bucket k's NS runs
+    muon_bucket_numel: int = DEFAULT_BUCKET_NUMEL  # whole-matrix elements per exchange bucket
 
     def __post_init__(self) -> None:
         if self.backend == "auto":
@@ -135,6 +144,39 @@ class ParallelConfig:
         _require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )
+        self._check_mesh(int(os.environ.get("WORLD_SIZE", "1")))
+
+    def _check_mesh(self, world: int) -> None:
+        """dp_replicate × dp_shard = the launched world size (dp_shard -1 resolved to the rest)."""
+        r = self.dp_replicate
+        _require(r >= 1, f"parallel.dp_replicate must be >= 1 (1: no replication), got {r}")
+        _require(
+            self.dp_shard == -1 or self.dp_shard >= 1,
+            f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
+        )
+        _require(
+            r == 1 or self.backend == "fsdp",
+            f"parallel.dp_replicate={r} (HSDP) needs parallel.backend=fsdp (got {self.backend}); "
+            "set parallel.backend=fsdp or parallel.dp_replicate=1",
+        )
+        _require(
+            world % r == 0,
+            f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",
+        )
+        if self.dp_shard == -1:
+            self.dp_shard = world // r
+        fix = f"parallel.dp_replicate={world // self.dp_shard} or " if world % self.dp_shard == 0 else ""
+        _require(
+            r * self.dp_shard == world,
+            f"parallel.dp_replicate ({r}) x parallel.dp_shard ({self.dp_shard}) must equal the world size "
+            f"({world}); set {fix}leave parallel.dp_shard unset (the rest of the world)",
+        )
+        _require(
+            not self.muon_replica_split or (r > 1 and self.muon_mode == "owner"),
+            "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
+            f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
+        )
+        _require(self.muon_bucket_numel >= 1, f"parallel.muon_bucket_numel must be >= 1, got {self.muon_bucket_numel}")
 
 
 @dataclass

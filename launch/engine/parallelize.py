@@ -1,4 +1,4 @@
-"""Parallelism applied from outside the model (torchtitan's way): FSDP2 or DDP, activation
+"""Parallelism applied from outside the model (torchtitan's way): FSDP2 (or HSDP) or DDP, activation
 checkpointing and torch.compile (per block, or the whole model with its head and loss). The model
 code never knows. Used by the engines."""
 
@@ -19,6 +19,7 @@ from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 
@@ -86,11 +87,13 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
         from torch.distributed.fsdp import fully_shard
 
         mp = fsdp_mixed_precision(parallel.param_dtype, dtype, env.device)
-        reshard = reshard_after_forward(parallel.reshard_after_forward)
+        reshard = reshard_after_forward(parallel.reshard_after_forward, parallel.dp_shard)
+        mesh = data_parallel_mesh(parallel, env)
         for block in model.blocks:
             # `true`: the last block's params are needed right away in backward: don't reshard them.
-            fully_shard(block, mp_policy=mp, reshard_after_forward=reshard and block is not model.blocks[-1])
-        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+            last = block is model.blocks[-1]
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     if parallel.compile == "model":
         _compile_forward(model, compile_backend)
 
@@ -104,15 +107,28 @@ def _compile_forward(module: nn.Module, backend: str) -> None:
     module.forward = torch.compile(module.forward, backend=backend, dynamic=False)
 
 
-def reshard_after_forward(setting: str | bool) -> bool:
+def reshard_after_forward(setting: str | bool, shard_size: int | None = None) -> bool:
     """`parallel.reshard_after_forward` (auto | true | false) as FSDP2's flag. auto: keep the
-    gathered params until backward (no second all-gather) on one node, where memory is the cheaper
-    resource; reshard across nodes, where the all-gather is the costly one and memory per GPU is
-    what limits the model. One node: torchrun's LOCAL_WORLD_SIZE equals WORLD_SIZE."""
+    gathered params until backward (no second all-gather) when the shard group is one node, where
+    memory is the cheaper resource; reshard when it spans nodes, where the all-gather is the costly
+    one and memory per GPU is what limits the model. `shard_size`: ranks a parameter is sharded over
+    (HSDP's parallel.dp_shard; default the world); one node holds torchrun's LOCAL_WORLD_SIZE."""
     if setting != "auto":
         return setting in ("true", True)  # ParallelConfig turns YAML booleans into "true"/"false"
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < (shard_size or world)
+
+
+def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh | None:
+    """HSDP's 2-D mesh ("replicate", "shard") of parallel.dp_replicate × dp_shard ranks (ParallelConfig
+    checked that they multiply to the world size); None for plain FSDP2, whose default mesh is the
+    1-D world (so a dp_replicate=1 run is built exactly as before HSDP existed)."""
+    if parallel.dp_replicate == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = (parallel.dp_replicate, parallel.dp_shard)
+    return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
 
 def fsdp_mixed_precision(param_dtype: str, dtype: torch.dtype, device: torch.device) -> MixedPrecisionPolicy:

@@ -42,7 +42,15 @@ class TorchEngine(Engine):
         backend = parallel.backend
         self._model = build_model(model_cfg, parallel, train.seed, env, dtype)
         self.module = wrap_ddp(self._model, env) if backend == "ddp" else self._model
-        self.optimizers = build_optimizers(self._model, optim, backend=backend, mode=parallel.muon_mode)
+        self.optimizers = build_optimizers(
+            self._model,
+            optim,
+            backend=backend,
+            mode=parallel.muon_mode,
+            replica_split=parallel.muon_replica_split,
+            overlap=parallel.muon_overlap,
+            bucket_numel=parallel.muon_bucket_numel,
+        )
         self.max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
         self._adamw_impl = optim.fused
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)

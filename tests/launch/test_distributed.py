@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from launch.checkpoint import latest_checkpoint, load_model_weights
 from models import GPT, get_preset
@@ -133,6 +134,28 @@ def test_two_ranks_match_one_process(tmp_path_factory, single_runs, two_rank_run
     assert_close_runs(single, two, rtol=2e-4 if optim.endswith("+center") else 1e-5, weight_rtol=_weight_rtol(optim))
     for record in (m for m in metrics(two) if "train_loss" in m):  # the AdamW group's LR, logged beside lr
         assert record["adamw_lr"] == pytest.approx(2 * record["lr"] if optim.endswith("+alr") else record["lr"])
+
+
+# HSDP (issue 30): 4 ranks as 2 replica groups x 2 shards (parallel.dp_replicate=2), one launch; the
+# Muon family with owners inside the shard group and with the NS work split across the groups, and
+# CBP's per-block norms summed over the shard group only.
+HSDP = {"orscale_lm": [], "orscale_lm+split": ["parallel.muon_replica_split=true"], "cbp": []}
+
+
+@pytest.fixture(scope="module")
+def hsdp_runs(tmp_path_factory):
+    dirs = {o: tmp_path_factory.mktemp(f"hsdp-{o.replace('+', '-')}") for o in HSDP}
+    common = ["parallel.backend=fsdp", "parallel.dp_replicate=2", *EQUAL]
+    run_many([[f"run.dir={dirs[o]}", *_optim_args(o), *HSDP[o], *common] for o in HSDP], 4)
+    return dirs
+
+
+@pytest.mark.parametrize("optim", list(HSDP))
+def test_hsdp_on_four_ranks_matches_one_process(tmp_path_factory, single_runs, hsdp_runs, optim):
+    single = _single(tmp_path_factory, single_runs, optim.partition("+")[0])
+    assert_close_runs(single, hsdp_runs[optim])
+    parallel = yaml.safe_load((hsdp_runs[optim] / "config.yaml").read_text())["parallel"]
+    assert (parallel["dp_replicate"], parallel["dp_shard"]) == (2, 2)  # dp_shard -1 resolved and recorded
 
 
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])

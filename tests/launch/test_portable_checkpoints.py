@@ -1,6 +1,7 @@
 """Checkpoints move between backends: a checkpoint saved under any of none / DDP / FSDP2 / ZeRO-2 (on
-1 or 2 ranks) resumes under every other; the steps after the resume equal an uninterrupted run and
-OrScale-LM's calibration constants come through bit-equal (issue 25's portability matrix)."""
+1 or 2 ranks) and HSDP (4 ranks as 2 x 2) resumes under every other; the steps after the resume equal
+an uninterrupted run and OrScale-LM's calibration constants come through bit-equal (issue 25's
+portability matrix, HSDP from issue 30)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from tests.helpers import run_many, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2}
+RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2, "hsdp": 4}
+BACKEND = {"hsdp": ["parallel.backend=fsdp", "parallel.dp_replicate=2"]}  # 2 replica groups x 2 shards
 COMMON = ["optim.name=orscale_lm", "train.eval_every=0", "train.ckpt_every=2"]
 PAIRS = [(src, dst) for src in RANKS for dst in RANKS if src != dst]
 
@@ -28,7 +30,8 @@ def _shapes() -> dict[str, torch.Size]:
 
 
 def _args(backend: str, run_dir, steps: int) -> list[str]:
-    return [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", f"parallel.backend={backend}"]
+    where = BACKEND.get(backend, [f"parallel.backend={backend}"])
+    return [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", *where]
 
 
 @pytest.fixture(scope="module")
