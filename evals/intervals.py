@@ -10,15 +10,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from scipy.stats import norm
 from torch import Tensor
 
 from evals.task_data import Task
 
 
-def wilson_interval(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of k successes in n trials: sane at 0, n and small n, unlike the normal one."""
+def wilson_interval(k: float, n: float, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of k successes in n trials: sane at 0, n and small n, unlike the normal one.
+    The closed form with scipy's normal quantile: equal to `scipy.stats.binomtest(k, n)
+    .proportion_ci(level, "wilson")` for whole k (tested), and defined for a fractional k too (a mean
+    accuracy over seeds that scored the same n examples, which binomtest refuses)."""
     if n <= 0:
         return 0.0, 1.0
+    z = float(norm.ppf(0.5 + level / 2))
     p = k / n
     z2 = z * z
     denom = 1.0 + z2 / n

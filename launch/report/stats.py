@@ -1,8 +1,7 @@
 """Statistics for the sweep report: t-intervals and tests, Holm's correction and the scaling fits.
 
-The t statistic is computed here; the p-value comes from scipy's Student t distribution when scipy
-is installed, else from the regularised incomplete beta function below (same value to ~1e-10), and
-t quantiles by bisection on it. Differences between optimizers get t-intervals (mean ±
+The t statistic is computed here; p-values and quantiles come from scipy's Student t distribution
+(`scipy.stats.t`). Differences between optimizers get t-intervals (mean ±
 t₀.₉₇₅,df·s/√n), never a percentile bootstrap: resampling 2-3 seeds gives a handful of distinct
 means and an interval that is too narrow by ~(n−1)/n in variance and by t/z in width.
 Fits use a grid over the exponent with linear least squares for the other two parameters: robust
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 BOOT_RESAMPLES = 10_000
 BOOT_SEED = 0  # fixed: the report is a pure function of the logs
@@ -41,48 +41,9 @@ class Comparison:
         return self.ci[0] <= 0.0 <= self.ci[1]
 
 
-try:  # optional: the fallbacks below give the same values
-    from scipy import stats as _scipy_stats
-except ImportError:
-    _scipy_stats = None
-
-
 def _t_sf(t: float, df: float) -> float:
     """P(T > t) for Student's t with df degrees of freedom."""
-    if _scipy_stats is not None:
-        return float(_scipy_stats.t.sf(t, df))
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return tail if t >= 0 else 1.0 - tail
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b) (continued fraction, Numerical Recipes 6.4)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    front = math.exp(lbeta + a * math.log(x) + b * math.log1p(-x))
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return front * h / a
+    return float(scipy_stats.t.sf(t, df))
 
 
 def t_test(a: Sequence[float], b: Sequence[float], paired: bool) -> tuple[float | None, float | None, float | None]:
@@ -130,20 +91,8 @@ def bootstrap_ci(
 
 @lru_cache(maxsize=256)
 def t_ppf(q: float, df: float) -> float:
-    """The q-quantile of Student's t with df degrees of freedom (bisection on `_t_sf`)."""
-    if _scipy_stats is not None:
-        return float(_scipy_stats.t.ppf(q, df))
-    if q == 0.5:
-        return 0.0
-    target = 1.0 - q if q > 0.5 else q  # P(T > t) for the positive quantile
-    lo, hi = 0.0, 1.0
-    while _t_sf(hi, df) > target:
-        hi *= 2.0
-    for _ in range(60):  # 2^-60 of the bracket: far below any printed digit
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _t_sf(mid, df) > target else (lo, mid)
-    t = 0.5 * (lo + hi)
-    return t if q > 0.5 else -t
+    """The q-quantile of Student's t with df degrees of freedom."""
+    return float(scipy_stats.t.ppf(q, df))
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int] | None:

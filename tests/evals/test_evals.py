@@ -255,8 +255,16 @@ def test_wilson_and_summary() -> None:
     lo, hi = wilson_interval(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
     assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)  # asymmetric away from 1/2
-    assert wilson_interval(0, 10) == pytest.approx((0.0, 3.8416 / 13.8416), abs=1e-6)
+    z2 = 1.959963984540054**2  # the exact 0.975 normal quantile, squared
+    assert wilson_interval(0, 10) == pytest.approx((0.0, z2 / (10 + z2)), abs=1e-12)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    from scipy.stats import binomtest
+
+    for k, n in ((0, 10), (5, 10), (8, 10), (137, 500), (500, 500), (1, 3)):  # scipy's own Wilson interval
+        ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert wilson_interval(k, n) == pytest.approx((ci.low, ci.high), abs=1e-12), (k, n)
+    lo, hi = wilson_interval(137.5, 500)  # a mean over seeds: defined between its whole neighbours
+    assert wilson_interval(137, 500)[0] < lo < wilson_interval(138, 500)[0] and hi < wilson_interval(138, 500)[1]
     task = make_task([])
     near = summarize(task, torch.tensor([100.0, 30, 27, 28, 25.0], dtype=torch.float64))
     assert near["chance"] == 0.25 and near["acc_norm"] == 0.27 and near["near_chance"]
