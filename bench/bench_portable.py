@@ -18,9 +18,9 @@ import torch
 
 from launch.checkpoint.portable import calibration_constants
 from models import GPT, get_preset
-from tests.helpers import run_many, train_losses
+from tests.helpers import backend_args, run_many, train_losses
 
-RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2}
+RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2, "hsdp": 4}  # hsdp: 2 replica groups x 2 shards
 
 
 def _rel(a: dict[int, float], b: dict[int, float], steps: range) -> float:
@@ -48,7 +48,7 @@ def main() -> None:
 
         def cell(backend: str, run_dir: Path, resume: Path | None = None) -> list[str]:
             extra = [f"run.resume={resume}"] if resume else []
-            return [*common, f"run.dir={run_dir}", f"parallel.backend={backend}", *extra]
+            return [*common, f"run.dir={run_dir}", *backend_args(backend), *extra]
 
         # One launch per world size for the uninterrupted runs, one per destination for the resumes.
         for nproc in sorted(set(RANKS.values())):

@@ -102,3 +102,13 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def train_losses(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["train_loss"] for m in metrics(run_dir) if "train_loss" in m}
+
+
+# Layouts the multi-backend tests and benches name beside the backends themselves: HSDP is FSDP2 on
+# a 2-D mesh, 2 replica groups x 2 shards on 4 ranks.
+LAYOUT_ARGS = {"hsdp": ["parallel.backend=fsdp", "parallel.dp_replicate=2"]}
+
+
+def backend_args(name: str) -> list[str]:
+    """The overrides that run `name`: a parallel.backend, or a layout of LAYOUT_ARGS."""
+    return LAYOUT_ARGS.get(name, [f"parallel.backend={name}"])

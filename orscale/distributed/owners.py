@@ -39,8 +39,11 @@ from orscale.newton_schulz import newton_schulz_many
 from orscale.optim_common import ParamsT, TensorList
 
 MODES = ("owner", "replicate")
-# Whole-matrix elements per bucket (512 MB of fp32 M̂).
-DEFAULT_BUCKET_NUMEL = 1 << 27
+# Whole-matrix elements per bucket (8 MB of fp32 M̂). Measured with overlap on (bench/bench_overlap.py,
+# docs/scaling.md): 0.92-0.94x the one-bucket step on 2 and 4 CPU ranks, FSDP2 and HSDP, where 2^19
+# and 2^17 were not reliably faster (up to 1.3x slower: more collectives); matrices larger than
+# it (125m and up) travel one per bucket, which is what the pipeline needs to overlap anything.
+DEFAULT_BUCKET_NUMEL = 1 << 21
 
 
 def ns_cost(shape: tuple[int, ...]) -> int:

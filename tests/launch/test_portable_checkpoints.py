@@ -13,12 +13,11 @@ import torch
 
 from launch.checkpoint.portable import calibration_constants
 from models import GPT, get_preset
-from tests.helpers import run_many, train_losses
+from tests.helpers import backend_args, run_many, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2, "hsdp": 4}
-BACKEND = {"hsdp": ["parallel.backend=fsdp", "parallel.dp_replicate=2"]}  # 2 replica groups x 2 shards
+RANKS = {"none": 1, "ddp": 2, "fsdp": 2, "zero2": 2, "hsdp": 4}  # hsdp: 2 replica groups x 2 shards
 COMMON = ["optim.name=orscale_lm", "train.eval_every=0", "train.ckpt_every=2"]
 PAIRS = [(src, dst) for src in RANKS for dst in RANKS if src != dst]
 
@@ -30,8 +29,7 @@ def _shapes() -> dict[str, torch.Size]:
 
 
 def _args(backend: str, run_dir, steps: int) -> list[str]:
-    where = BACKEND.get(backend, [f"parallel.backend={backend}"])
-    return [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", *where]
+    return [*COMMON, f"train.max_steps={steps}", f"run.dir={run_dir}", *backend_args(backend)]
 
 
 @pytest.fixture(scope="module")
