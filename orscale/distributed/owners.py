@@ -108,7 +108,7 @@ def cat_or_empty(ts: list[Tensor], dtype: torch.dtype, device: torch.device) -> 
 
 @dataclass(frozen=True)
 class Layout:
-    owner: int  # rank (of the exchange group) that orthogonalises this matrix
+    owner: int  # who orthogonalises it: replica group · shards + shard rank (group 0 but with the replica split)
     m: int
     n: int
     rows: tuple[int, ...]  # rows held by each shard rank (all m for replicated params)
