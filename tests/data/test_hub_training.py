@@ -64,6 +64,8 @@ def reference(hub, tmp_path_factory) -> Path:
         ],
         environ=hub_env(hub, tmp / "hf"),
     )
+    reads = {"row_group": len(hub.reads("row_group")), "footer": len(hub.reads("footer")), "api": len(hub.reads("api"))}
+    (tmp / "reads.json").write_text(json.dumps(reads))  # the function-scoped fixture clears the log next
     return tmp
 
 
@@ -91,6 +93,7 @@ def validation_end(hub: StandInHub, tmp: Path) -> tuple[int, set[int]]:
 
 def test_training_from_the_hub_equals_training_on_the_same_local_files(reference):
     local, hub_run = reference / "local", reference / "hub"
+    print(f"\nuninterrupted run from the Hub, requests by class: {(reference / 'reads.json').read_text()}")
     assert train_losses(hub_run) == train_losses(local) and len(train_losses(hub_run)) == STEPS
     assert windows(hub_run) == windows(local)  # the same windows at every step, so the same documents in order
     val = [[m["val_loss"] for m in metrics(d) if "val_loss" in m] for d in (hub_run, local)]
@@ -175,6 +178,7 @@ def test_two_ranks_under_faults_on_every_read_path_train_on_exactly_the_fault_fr
     assert hub.pending_faults() == 0
     assert sum(m["data_retries"] for m in metrics(run_dir) if "train_loss" in m) == injected
     assert sum("data: hub " in line for line in proc.stderr.splitlines()) == injected
+    print(f"\n2 ranks: {injected} faults, {injected} retries; {len(hub.reads('row_group'))} clean row-group reads")
     # Disjoint shares: no training row group was read whole by both ranks.
     read = Counter(piece_of(s) for s in hub.reads("row_group"))
     _, validation = validation_end(hub, tmp_path / "files")
@@ -189,7 +193,7 @@ def test_prepare_from_the_hub_writes_the_local_shards_and_resumes_after_a_kill(h
     out, environ = tmp_path / "hub", hub_env(hub, tmp_path / "hf")
     cmd = ["-m", "data.prepare", "--out", str(out), "--workers", "1", "--no-progress", f"data.tokenizer={BPE4K}"]
     cmd += hub_overrides()
-    hub.delay_s = 0.3  # ~2 s a file: the kill lands after the first file's shard
+    hub.delay_s = 0.15  # ~1 s a file: the kill lands after the first file's shard
     proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, env=environ, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (out / "00000.json").exists() and time.time() < deadline:
