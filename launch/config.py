@@ -77,6 +77,9 @@ class TrainConfig:
     tensorboard: bool = False  # mirror metrics.jsonl to <run.dir>/tensorboard (needs tensorboard)
     wandb: bool = False  # mirror metrics.jsonl to Weights & Biases in offline mode (needs wandb)
     on_save_error: str = "stop"  # a checkpoint that cannot be written: stop (non-zero exit) | continue (retry later)
+    # Every thread's stack on stderr while a step has run this long without finishing, and again each
+    # interval while it lasts (a data read that never returns; 0: off). launch/runtime/stall_watch.py
+    stall_dump_s: float = 300.0
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")
@@ -93,6 +96,7 @@ class TrainConfig:
             self.on_save_error in ON_SAVE_ERROR,
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
         )
+        _require(self.stall_dump_s >= 0, f"train.stall_dump_s must be >= 0 (0: off), got {self.stall_dump_s}")
 
 
 @dataclass
@@ -110,6 +114,11 @@ class ParallelConfig:
     # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
     param_dtype: str = "auto"
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
+    # Collective timeouts, seconds: start-up (process groups, rank 0's validation set and resume
+    # decision, the checkpoint load), then every collective from the first step on. A rank that stops
+    # answering ends the run after comm_timeout_s instead of hanging it (launch/runtime/hangs.py).
+    init_timeout_s: float = 1800.0
+    comm_timeout_s: float = 600.0
     # HSDP (FSDP2 on a 2-D mesh): shard within groups of dp_shard ranks (a node), replicate across
     # dp_replicate of them; dp_shard -1: the rest of the world (resolved here, recorded in config.yaml).
     dp_replicate: int = 1
@@ -144,6 +153,8 @@ class ParallelConfig:
         _require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )
+        for key in ("init_timeout_s", "comm_timeout_s"):
+            _require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
         self._check_mesh(int(os.environ.get("WORLD_SIZE", "1")))
 
     def _check_mesh(self, world: int) -> None:

@@ -8,19 +8,23 @@ import argparse
 import logging
 import math
 import os
+from pathlib import Path
 
 import torch
 
 from data import DataError
+from launch.checkpoint import latest_checkpoint, read_meta
 from launch.config import Config, load_config
 from launch.engine import Engine
 from launch.errors import USER_ERRORS
 from launch.run.downstream import eval_metrics, score_tasks, summary_line
 from launch.run.progress import Progress
 from launch.run.setup import Run, RunComplete, setup_run
-from launch.runtime.console import report_user_error, setup_logging
+from launch.runtime.console import report_failure, report_user_error, setup_logging
+from launch.runtime.hangs import COMM_FAILURE_EXIT, CommFailure, comm_failure, set_comm_timeout
 from launch.runtime.preemption import StopFlag
 from launch.runtime.process_group import DistEnv, all_reduce_sum, shutdown
+from launch.runtime.stall_watch import StallWatch
 from orscale.schedule import lr_at
 
 log = logging.getLogger("orscale")
@@ -66,13 +70,39 @@ def train(cfg: Config) -> dict:
     except RunComplete as done:
         log.info("%s: nothing to do (raise train.max_steps to train further)", done)
         return {"step": done.step, "complete": True}
+    except RuntimeError as err:
+        raise _comm_failure(err, cfg, None) from err
+    watch = StallWatch(cfg.train.stall_dump_s)
     try:
-        return _loop(run)
+        return _loop(run, watch)
+    except RuntimeError as err:
+        raise _comm_failure(err, cfg, run, watch.step) from err
     finally:
+        watch.close()
         run.close()
 
 
-def _loop(run: Run) -> dict:
+def _comm_failure(err: RuntimeError, cfg: Config, run: Run | None, step: int = 0) -> RuntimeError:
+    """`err` as a one-line CommFailure when it is a collective that timed out or lost its peer
+    (launch/runtime/hangs.py), naming the timeout, the step and the checkpoint a restart resumes
+    from; any other error as it is."""
+    p = cfg.parallel
+    where, timeout = (
+        ("during start-up", f"parallel.init_timeout_s={p.init_timeout_s:g}")
+        if run is None
+        else (f"in step {step}", f"parallel.comm_timeout_s={p.comm_timeout_s:g}")
+    )
+    try:
+        good = latest_checkpoint(Path(cfg.run.dir) / "checkpoints")
+        back = f"the newest checkpoint is step {read_meta(good)['step']}" if good else "there is no checkpoint yet"
+    except (OSError, ValueError, KeyError):
+        back = "the newest intact checkpoint is the one a restart takes"
+    resume = f"{back}; the same command resumes (torchrun --max-restarts and a Slurm requeue do so by themselves)"
+    rank = run.env.rank if run is not None else int(os.environ.get("RANK", "0"))
+    return comm_failure(err, rank, where, timeout, resume) or err
+
+
+def _loop(run: Run, watch: StallWatch) -> dict:
     cfg, engine, loader, state, meter, env, t = (
         run.cfg,
         run.engine,
@@ -82,10 +112,12 @@ def _loop(run: Run) -> dict:
         run.env,
         run.cfg.train,
     )
+    set_comm_timeout(cfg.parallel.comm_timeout_s)  # start-up is over: from here a silent peer ends the run
     stop = StopFlag(env)
     progress = Progress(t.max_steps, state.step, enabled=env.is_main, bar=t.progress)
     last_loss, last_val = math.nan, (math.nan, None)
     while state.step < t.max_steps:
+        watch.beat(state.step + 1)  # its reads, evaluation and checkpoint included (train.stall_dump_s)
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
         try:
             windows = loader.next_step()  # this rank's share of the step, read ahead in the background
@@ -172,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         report_user_error(err, int(os.environ.get("RANK", "0")))
         shutdown(clean=False)
         return 2
+    except CommFailure as err:  # said by every rank that saw it: the rank that stalled may be rank 0
+        report_failure(err)
+        shutdown(clean=False)
+        return COMM_FAILURE_EXIT
     except BaseException:
         shutdown(clean=False)
         raise

@@ -156,7 +156,7 @@ def setup_run(cfg: Config) -> Run:
             f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
             f"world size ({world_size}) so every rank owns the same number of stream shards"
         )
-    env = init_distributed(cfg.parallel.backend, cfg.train.device)
+    env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s)
     setup_logging(env.rank)
     _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
     accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)

@@ -44,10 +44,22 @@ def report_user_error(err: BaseException, rank: int) -> None:
     first, *detail = str(err).splitlines() or [type(err).__name__]
     if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get(SHORT_ERRORS_ENV):
         first += " (plain torchrun adds its traceback; python -m launch.launcher prints this line alone)"
-    text = "\n".join([f"error: {first}", *detail])
+    _print_error(f"error: {first}", detail)
+
+
+def report_failure(err: BaseException) -> None:
+    """A failure that is not the user's but is said in one line all the same (a collective that
+    timed out, launch/runtime/hangs.py): `error: <line>` on this rank, whichever it is, and in
+    torchrun's error file, so that torchrun's failure report names it as the root cause."""
+    first, *detail = str(err).splitlines() or [type(err).__name__]
+    _print_error(f"error: {first}", detail)
+
+
+def _print_error(first: str, detail: list[str]) -> None:
+    text = "\n".join([first, *detail])
     print(text, file=sys.stderr, flush=True)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:  # torchrun's @record format: {"message": {"message", "extraInfo": {"py_callstack", ...}}}
         extra = {"py_callstack": text, "timestamp": str(int(time.time()))}
         with contextlib.suppress(OSError):
-            Path(error_file).write_text(json.dumps({"message": {"message": f"error: {first}", "extraInfo": extra}}))
+            Path(error_file).write_text(json.dumps({"message": {"message": first, "extraInfo": extra}}))

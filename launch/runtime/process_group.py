@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from launch.errors import ConfigError
+from launch.runtime.hangs import elastic_store, nccl_ends_on_timeout, set_default_timeout
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,10 @@ def check_backend(backend: str, world_size: int) -> None:
         )
 
 
-def init_distributed(backend: str, device_setting: str = "auto") -> DistEnv:
+def init_distributed(backend: str, device_setting: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Create the default process group when `backend` (parallel.backend) is not `none`, even on one
-    process. `device_setting`: train.device (auto | cpu | cuda)."""
+    process. `device_setting`: train.device (auto | cpu | cuda). `timeout_s`: every collective's
+    (parallel.init_timeout_s; the loop sets parallel.comm_timeout_s once start-up is over)."""
     world_size = launched_world_size()
     check_backend(backend, world_size)
     rank = int(os.environ.get("RANK", "0"))
@@ -91,10 +94,17 @@ def init_distributed(backend: str, device_setting: str = "auto") -> DistEnv:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
             os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts it is set
+        timeout = datetime.timedelta(seconds=timeout_s)
+        set_default_timeout(timeout)  # for the groups made later (preemption's, FSDP2's mesh, DeepSpeed's)
+        if use_cuda and (warning := nccl_ends_on_timeout()) is not None:
+            logging.getLogger("orscale").warning(warning)
         dist.init_process_group(
             "nccl" if use_cuda else "gloo",
-            timeout=datetime.timedelta(minutes=30),
+            timeout=timeout,
             device_id=device if use_cuda else None,
+            store=elastic_store(timeout),  # None: env:// as usual
+            rank=rank,
+            world_size=world_size,
         )
     return DistEnv(rank, world_size, local_rank, device, backend)
 

@@ -1,0 +1,116 @@
+"""Hangs that end: collective timeouts, and what a timed-out collective becomes.
+
+A rank that stops answering (a hung GPU, a SIGSTOP, a host whose sockets stay half open) would keep
+every other rank waiting in its next collective for ever. Every process group gets a timeout:
+`parallel.init_timeout_s` while the run starts (rank 0 alone builds the validation set and decides
+the resume point meanwhile), `parallel.comm_timeout_s` from the first step on. Past it gloo raises
+in the waiting call, which the loop turns into one line naming the timeout and the step
+(`CommFailure`, exit status 3), and NCCL's watchdog ends the process
+(TORCH_NCCL_ASYNC_ERROR_HANDLING). The launcher's restart (torchrun --max-restarts, a Slurm requeue)
+then resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+COMM_FAILURE_EXIT = 3  # launch.loop.main's exit status after a CommFailure (2 is a user error)
+
+# torch 2.13 reads TORCH_NCCL_ASYNC_ERROR_HANDLING (NCCL_ASYNC_ERROR_HANDLING is its old name, still
+# read) when a NCCL group is made: 1 aborts the communicators and ends the process on a timeout
+# (torchrun's default for its workers), 3 ends it without the abort (torch's own default); 0 only
+# logs and 2 only aborts, so with them a timed-out collective can leave the process hanging.
+ASYNC_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+_ENDS_THE_PROCESS = ("1", "3")
+
+
+class CommFailure(RuntimeError):
+    """A collective that timed out or lost its peer: one line (the rank, what, where, the way
+    back), printed by every rank that saw it (the stalled one may be rank 0) and exit status 3."""
+
+
+def nccl_ends_on_timeout() -> str | None:
+    """Make a timed-out NCCL collective end this process instead of hanging it (set before the NCCL
+    group exists). Returns a warning line when the environment already holds a setting that does
+    not end it (kept: it was chosen)."""
+    for name in ASYNC_ERROR_HANDLING:
+        value = os.environ.get(name)
+        if value is not None:
+            if value.strip() in _ENDS_THE_PROCESS:
+                return None
+            return (
+                f"{name}={value}: a NCCL collective past parallel.comm_timeout_s will not end this process "
+                f"(it may hang instead); unset {name} or set it to 1"
+            )
+    os.environ[ASYNC_ERROR_HANDLING[0]] = "1"
+    return None
+
+
+def elastic_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """torchrun's agent store seen through a prefix of this restart attempt, for
+    `init_process_group(store=...)`; None when the workers do not share their agent's store.
+
+    torch 2.13's env:// rendezvous hands every attempt of `--max-restarts` the same agent store
+    with no per-attempt prefix (its comment assumes a new store per retry; the agent keeps one), so
+    a restarted group can read its peers' addresses from the attempt before: gloo then connects to
+    a dead port and fails or hangs (4 restarts in 6 here, 0 in 6 with the prefix).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"/orscale/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def set_default_timeout(timeout: datetime.timedelta) -> None:
+    """The timeout of every process group made from now on without one of its own: preemption's
+    gloo group, FSDP2's device-mesh groups, DeepSpeed's. `new_group` takes torch's module-wide
+    default (30 min for gloo, 10 for NCCL), not the default group's, and there is no public setter."""
+    c10d.default_pg_timeout = timeout
+    if c10d.default_pg_nccl_timeout is not None:
+        c10d.default_pg_nccl_timeout = timeout
+
+
+def set_comm_timeout(seconds: float) -> None:
+    """Every process group's timeout, the existing ones' and later ones', to `seconds`
+    (`parallel.comm_timeout_s`, once the run's start-up is over). Collective: a barrier first, so
+    that no rank waits under the short timeout for a peer still inside start-up under the long one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    timeout = datetime.timedelta(seconds=seconds)
+    set_default_timeout(timeout)
+    for group in list(c10d._world.pg_map):  # this rank's groups (torch has no public listing)
+        c10d._set_pg_timeout(timeout, group)
+
+
+def comm_failure(err: BaseException, rank: int, where: str, timeout: str, resume: str) -> CommFailure | None:
+    """`err` as a CommFailure when it is a collective that timed out or lost its peer, else None
+    (any other error keeps its traceback). `where`: "in step N" or "during start-up"; `timeout`:
+    the setting that applied ("parallel.comm_timeout_s=600"); `resume`: where the run resumes from."""
+    text = str(err)
+    first = text.splitlines()[0] if text else type(err).__name__
+    low = first.lower()
+    # gloo raises plain RuntimeErrors that name its sources ("[.../gloo/transport/tcp/pair.cc:553]
+    # Connection closed by peer"); NCCL's and the stores' errors are DistErrors.
+    if not (isinstance(err, dist.DistError) or "gloo" in low):
+        return None
+    if any(s in low for s in ("timed out", "timeout", "timing out")):
+        what = (
+            f"a collective timed out ({timeout}) {where}: a peer rank stopped answering "
+            "(stalled, stopped, or its host is gone)"
+        )
+    elif any(s in first for s in ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")):
+        what = f"a collective failed {where}: a peer rank's connection closed (it exited or was killed; see its log)"
+    else:
+        what = f"a collective failed {where}: {first.strip()}"
+    return CommFailure(f"rank {rank}: {what}; {resume}")

@@ -1,0 +1,74 @@
+"""Stalls outside collectives, reported: while a step makes no progress for `train.stall_dump_s`
+seconds (a data read that never returns, a hung file system, a collective still inside its
+timeout), every thread's stack goes to stderr, headed by one line naming the rank and the step, and
+again each `stall_dump_s` while it lasts. Nothing is stopped: a stall may end by itself.
+
+A watcher thread keeps the time and writes the header; `faulthandler.dump_traceback` takes the
+stacks, of threads that are blocked in C (a read, a lock, a collective) too. Not
+`faulthandler.dump_traceback_later` alone: its dumps are the stacks only, and would not say which
+step stalled (the watcher needs the GIL, which a blocked read or wait releases).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import sys
+import threading
+import time
+
+log = logging.getLogger("orscale")
+
+
+class StallWatch:
+    """`beat(step)` when a step begins; `close()` at the end. `every_s` 0: off (beats still record
+    the step, which the loop's failure lines name)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._beat = (0, time.monotonic())  # (step, when it began): one tuple, replaced whole
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        if every_s > 0:
+            self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
+            self._thread.start()
+
+    @property
+    def step(self) -> int:
+        """The step now running (0 before the first)."""
+        return self._beat[0]
+
+    def beat(self, step: int) -> None:
+        self._beat = (step, time.monotonic())  # no lock: one reference assignment
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _watch(self) -> None:
+        dumped: tuple[tuple[int, float], int] = (self._beat, 0)  # (the beat, dumps made during it)
+        while not self._done.wait(min(1.0, self.every_s / 4)):
+            beat = self._beat
+            dumps = dumped[1] if dumped[0] is beat else 0
+            waited = time.monotonic() - beat[1]
+            if waited >= (dumps + 1) * self.every_s:
+                self._dump(beat[0], waited)
+                dumped = (beat, dumps + 1)
+
+    def _dump(self, step: int, waited: float) -> None:
+        log.warning(
+            "stall: step %d has run for %.0f s without finishing (train.stall_dump_s=%g); every thread's "
+            "stack follows: look for a read, a wait or a collective that does not return",
+            step,
+            waited,
+            self.every_s,
+        )
+        for stream in (sys.stderr, sys.__stderr__):  # a stand-in stderr without a file descriptor: the real one
+            try:
+                stream.flush()
+                faulthandler.dump_traceback(file=stream, all_threads=True)
+                return
+            except (AttributeError, ValueError, OSError):
+                continue

@@ -1,0 +1,125 @@
+"""Hangs that end, in one process: the stack dumps of a stalled step (a data read that does not
+return), the keys, what a collective's error becomes, NCCL's error-handling setting. The stalled
+rank under torchrun (SIGSTOP, timeout, restart) is tests/launch/test_multinode.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from launch.config import load_config
+from launch.errors import ConfigError
+from launch.runtime import hangs
+from launch.runtime.hangs import CommFailure, comm_failure
+from launch.runtime.stall_watch import StallWatch
+from tests.helpers import SMALL, TINY, train_losses
+
+# What torch 2.13's gloo raises in the waiting rank (seen in the SIGSTOP test's runs).
+GLOO_TIMEOUT = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms "
+    "for recv operation to complete"
+)
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:28375. This is typically caused by a remote worker crashing."
+)
+
+
+def _a_read_that_does_not_return(release: threading.Event) -> None:
+    release.wait(timeout=120)  # the test releases it; bounded so that a failing test cannot hang
+
+
+def test_a_stalled_data_read_dumps_every_threads_stack_naming_the_step(tmp_path, monkeypatch, capfd, one_thread):
+    """Step 3's windows do not come (the reader thread blocks): while it lasts, each
+    train.stall_dump_s a header line names the step and the stacks show the blocked read; the run
+    is not stopped, and once the read returns it ends with the losses of a run that never stalled."""
+    from data.loader import PackedLoader
+    from launch.loop import main as train_main
+
+    base = ["--config", TINY, *SMALL, "optim.name=adamw", "train.max_steps=3", "train.eval_every=0"]
+    assert train_main([*base, f"run.dir={tmp_path / 'straight'}"]) == 0
+    produce, calls, release = PackedLoader._produce, [0], threading.Event()
+
+    def stalling(self):
+        calls[0] += 1
+        if calls[0] == 3:  # the third step's windows (read ahead by the reader thread)
+            _a_read_that_does_not_return(release)
+        return produce(self)
+
+    monkeypatch.setattr(PackedLoader, "_produce", stalling)
+    dump, dumps = StallWatch._dump, [0]
+
+    def counted(self, step, waited):  # the read returns after step 3's second dump
+        dump(self, step, waited)
+        dumps[0] += step == 3
+        if dumps[0] >= 2:
+            release.set()
+
+    monkeypatch.setattr(StallWatch, "_dump", counted)
+    assert train_main([*base, f"run.dir={tmp_path / 'stalled'}", "train.stall_dump_s=1"]) == 0
+    assert release.is_set() and dumps[0] >= 2
+    err = capfd.readouterr().err
+    # (A loaded machine's ordinary steps may pass 1 s too: they get their dumps, as they should.)
+    headers = [line for line in err.splitlines() if "stall: step 3 has run for" in line]
+    assert len(headers) >= 2 and all("train.stall_dump_s=1" in h for h in headers), err[-3000:]
+    assert "_a_read_that_does_not_return" in err, "the stack dump does not show the blocked read"
+    assert "Thread 0x" in err and "_loop" in err  # every thread: the reader's and the loop waiting for it
+    assert train_losses(tmp_path / "stalled") == train_losses(tmp_path / "straight")
+
+
+def test_the_stall_watch_is_quiet_while_steps_finish_and_off_at_zero(capfd):
+    watch = StallWatch(0.5)
+    for step in range(1, 9):
+        watch.beat(step)
+        time.sleep(0.1)
+    watch.close()
+    assert "stall:" not in capfd.readouterr().err
+    off = StallWatch(0)
+    off.beat(5)
+    assert off.step == 5 and off._thread is None
+    off.close()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("parallel.comm_timeout_s=0", "parallel.comm_timeout_s"),
+        ("parallel.init_timeout_s=-1", "parallel.init_timeout_s"),
+        ("train.stall_dump_s=-5", "train.stall_dump_s"),
+    ],
+)
+def test_timeouts_that_cannot_be_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(TINY, [override])
+
+
+def test_a_collective_error_becomes_one_line_naming_the_timeout_the_step_and_the_way_back():
+    args = (0, "in step 9", "parallel.comm_timeout_s=5", "the newest checkpoint is step 5; the same command resumes")
+    timed_out = comm_failure(RuntimeError(GLOO_TIMEOUT), *args)
+    assert isinstance(timed_out, CommFailure)
+    assert str(timed_out).startswith("rank 0: a collective timed out (parallel.comm_timeout_s=5) in step 9")
+    assert "checkpoint is step 5" in str(timed_out) and "\n" not in str(timed_out)
+    closed = comm_failure(RuntimeError(GLOO_CLOSED), *args)
+    assert closed is not None and "connection closed" in str(closed) and "in step 9" in str(closed)
+    nccl = comm_failure(dist.DistBackendError("Watchdog caught collective operation timeout: WorkNCCL(...)"), *args)
+    assert nccl is not None and "timed out" in str(nccl)
+    # Anything else keeps its traceback.
+    assert comm_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), *args) is None
+
+
+def test_nccl_timeouts_end_the_process_unless_the_user_chose_otherwise(monkeypatch):
+    for name in hangs.ASYNC_ERROR_HANDLING:
+        monkeypatch.delenv(name, raising=False)
+    assert hangs.nccl_ends_on_timeout() is None
+    import os
+
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # torch's default: also ends it
+    assert hangs.nccl_ends_on_timeout() is None
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    warning = hangs.nccl_ends_on_timeout()
+    assert warning is not None and "TORCH_NCCL_ASYNC_ERROR_HANDLING=0" in warning and "set it to 1" in warning
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # chosen: kept
