@@ -34,6 +34,29 @@ SMALL = [
 ]
 
 
+# The CPU ladder's miniature (tests/launch/test_report_ladder.py, test_report_protocols.py): the
+# ladder's 4k BPE, 32-token windows, 8 steps of 128 tokens, one thread of work per run.
+MINI_LADDER = {
+    "data.tokenizer": "assets/tokenizers/bpe4k_ladder",
+    "model.vocab_size": 4096,
+    "data.seq_len": 32,
+    "model.max_seq_len": 32,
+    "data.val_tokens": 512,
+    "data.val_batch_size": 16,
+    "data.piece_bytes": 32768,
+    "data.logical_shards": 2,
+    "train.tokens_per_step": 128,
+    "train.micro_batch_size": 4,
+    "train.max_steps": 8,
+    "train.log_every": 1,
+    "train.eval_every": 2,
+    "train.progress": False,
+    "optim.warmup_steps": 2,
+    "optim.ns_dtype": "fp32",
+    "parallel.backend": "none",
+}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from launch.report.markdown_util import fmt, fmt_point, opt_name, table
+from launch.report.headline import cell
+from launch.report.markdown_util import fmt, opt_name, table
 from launch.report.rows import Group, Row
 from launch.report.selection import SHARED, TRANSFER
 from launch.report.series import usable
@@ -51,16 +52,6 @@ def _ci(c: Comparison | None) -> str:
         return "—"
     note = " (within seed noise)" if c.within_noise else ""
     return f"{fmt(c.diff, sign=True)} [{fmt(c.ci[0], sign=True)}, {fmt(c.ci[1], sign=True)}]{note}"
-
-
-def _score(g: Group | None) -> str:
-    if g is None:
-        return "—"
-    if not usable(g):
-        return f"*pending: {g.status}*" if g.status != "done" else "diverged"
-    s = g.score
-    spread = f" ± {fmt(s.std)}" if len(s.runs) > 1 else ""
-    return f"{fmt(s.mean)}{spread} (LR {fmt_point(s.point)})"
 
 
 def analyse(rows: list[Row]) -> list[dict[str, Any]]:
@@ -109,7 +100,7 @@ def render(ctx: dict, pngs: dict[str, str]) -> list[str]:
     for e in entries:
         for name, o in e["optims"].items():
             body.append(
-                [e["row"].short, opt_name(name), _score(o["tuned"]), _score(o["shared"]), _ci(o["tuned_vs_shared"])]
+                [e["row"].short, opt_name(name), cell(o["tuned"]), cell(o["shared"]), _ci(o["tuned_vs_shared"])]
             )
     out += table(["row", "optimizer", "tuned", "shared", "tuned − shared"], body) + [""]
     out += [
@@ -140,7 +131,7 @@ def render(ctx: dict, pngs: dict[str, str]) -> list[str]:
                 body.append(
                     [
                         e["row"].short,
-                        _score(t["group"]),
+                        cell(t["group"]),
                         _ci(t["vs_own_tuned"]),
                         _ci(t["vs_source"]["muon_moonlight"]),
                         _ci(t["vs_source"]["adamw"]),

@@ -165,7 +165,7 @@ class Group:  # one optimizer in one row
         b = self.best
         if self.eval_seeds is None:
             return b
-        return LrCell(b.lr, [r for r in b.runs if int(r.cfg("train.seed", -1)) in self.eval_seeds])
+        return LrCell(b.lr, [r for r in b.runs if int(r.cfg("train.seed", -1)) in self.eval_seeds], b.adamw_lr)
 
     def selection_loss(self, point: Point) -> float:
         """The loss the point was chosen on: the search seed's, else the mean over seeds."""

@@ -17,6 +17,7 @@ import yaml
 from launch.report.build import build_report
 from launch.report.stats import fit_power_law, t_ppf
 from launch.sweep import sweep_cli
+from tests.helpers import MINI_LADDER
 
 SEARCH, SEEDS = 0, [1, 2]
 GRIDS = {"adamw": [1e-2, 3e-2, 1e-1], "muon_moonlight": [3e-2, 1e-1, 3e-1], "orscale_lm": [3e-2, 1e-1, 3e-1]}
@@ -37,25 +38,7 @@ def sweep_doc(runs: Path) -> dict:
     return {
         "base": "configs/tiny.yaml",
         "runs_dir": str(runs),
-        "overrides": {
-            "data.tokenizer": "assets/tokenizers/bpe4k_ladder",
-            "model.vocab_size": 4096,
-            "data.seq_len": 32,
-            "model.max_seq_len": 32,
-            "data.val_tokens": 512,
-            "data.val_batch_size": 16,
-            "data.piece_bytes": 32768,
-            "data.logical_shards": 2,
-            "train.tokens_per_step": 128,
-            "train.micro_batch_size": 4,
-            "train.max_steps": 8,
-            "train.log_every": 1,
-            "train.eval_every": 2,
-            "train.progress": False,
-            "optim.warmup_steps": 2,
-            "optim.ns_dtype": "fp32",
-            "parallel.backend": "none",
-        },
+        "overrides": MINI_LADDER,
         "scales": scales,
         "optimizers": GRIDS,
         "lr_search": {"seed": SEARCH, "max_extra": 1},

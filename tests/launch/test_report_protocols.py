@@ -16,6 +16,7 @@ import yaml
 from launch.report.build import build_report
 from launch.report.stats import compare
 from launch.sweep import sweep_cli
+from tests.helpers import MINI_LADDER
 
 SEARCH, SEEDS = 0, [1, 2]
 GRIDS = {"adamw": [1e-2, 3e-2, 1e-1], "muon_moonlight": [3e-2, 1e-1, 3e-1], "orscale_lm": [3e-2, 1e-1, 3e-1]}
@@ -27,26 +28,7 @@ def sweep_doc(runs: Path) -> dict:
     return {
         "base": "configs/tiny.yaml",
         "runs_dir": str(runs),
-        "overrides": {
-            "data.tokenizer": "assets/tokenizers/bpe4k_ladder",
-            "model.vocab_size": 4096,
-            "data.seq_len": 32,
-            "model.max_seq_len": 32,
-            "data.val_tokens": 512,
-            "data.val_batch_size": 16,
-            "data.piece_bytes": 32768,
-            "data.logical_shards": 2,
-            "train.tokens_per_step": 128,
-            "train.micro_batch_size": 4,
-            "train.max_steps": 8,
-            "train.log_every": 4,
-            "train.eval_every": 4,
-            "train.progress": False,
-            "optim.warmup_steps": 2,
-            "optim.ns_dtype": "fp32",
-            "optim.diagnostics": False,
-            "parallel.backend": "none",
-        },
+        "overrides": {**MINI_LADDER, "train.log_every": 4, "train.eval_every": 4, "optim.diagnostics": False},
         "scales": [
             {"label": "m1", **shape},
             {"label": "m1-D2", "lr_from": "m1", **shape, "train.tokens_per_step": 256, "train.micro_batch_size": 8},
@@ -158,3 +140,20 @@ def test_the_report_names_the_protocols_and_shows_both_lrs(sweep):
     assert set(fig) == set(GRIDS) and all(len(e["points"]) >= 5 for e in fig.values())
     m1 = next(r for r in s["rows"] if r["scale"] == "m1")
     assert all("best_adamw_lr" in g and g["by_point"] for g in m1["groups"].values())
+
+
+def test_a_groups_score_keeps_its_points_adamw_lr():
+    """The scored runs at an untied best point carry both LRs (a tied copy would show the shared LR)."""
+    from types import SimpleNamespace
+
+    from launch.report.rows import Group, LrCell
+
+    run = lambda seed, loss: SimpleNamespace(
+        cfg=lambda k, d=None, s=seed: s if k == "train.seed" else d, final_val=loss
+    )
+    tied = LrCell(1e-3, [run(0, 5.0), run(1, 5.1)])
+    untied = LrCell(1e-3, [run(0, 4.0), run(1, 4.1), run(2, 4.2)], adamw_lr=8e-3)
+    g = Group("adamw", {tied.point: tied, untied.point: untied}, select_seed=0, eval_seeds=(1, 2))
+    assert g.best is untied and g.score.point == (1e-3, 8e-3) and sorted(g.score.losses) == [1, 2]
+    assert g.two_lrs and [c.point for c in g.adamw_line()] == [(1e-3, 1e-3), (1e-3, 8e-3)]
+    assert g.edge == "highest AdamW-group LR"  # the best is the top of the one line searched through it
