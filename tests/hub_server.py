@@ -132,6 +132,7 @@ class StandInHub:
         self.routes: Counter[str] = Counter()  # requests per route of the table above
         self._faults: dict[str, deque[_Scheduled]] = {r: deque() for r in ROUTES}
         self._lock = threading.Lock()
+        self._generation = 0  # bumped by clear(): a request that arrived before it leaves no trace after it
         self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._watchdog = threading.Timer(lifetime_s, self.stop)
@@ -168,6 +169,7 @@ class StandInHub:
             self.log.clear()
             self.unexpected.clear()
             self.routes.clear()
+            self._generation += 1
             for queue in self._faults.values():
                 queue.clear()
 
@@ -193,9 +195,10 @@ class StandInHub:
                     return scheduled.kind
         return None
 
-    def _record(self, served: Served) -> None:
+    def _record(self, served: Served, generation: int) -> None:
         with self._lock:
-            self.log.append(served)
+            if generation == self._generation:
+                self.log.append(served)
 
     # ---------------------------------------------------------------- the repository's API
     def info(self) -> dict:
@@ -300,9 +303,15 @@ def _handler(hub: StandInHub) -> type[http.server.BaseHTTPRequestHandler]:
             size = len(file_for_cdn.data) if file_for_cdn else 0
             rng = _parse_range(self.headers.get("Range"), size) if file_for_cdn else None
             served = hub.classify(method, path, rng)
+            # The fault is chosen on arrival, before the delay: a killed client's request still in
+            # its delay must not take a fault (or a log entry) scheduled after a clear() for the next run.
+            self._generation = hub._generation
+            fault = hub._take_fault(served)
             if served.route == "row_group":
                 time.sleep(min(hub.delay_s, 5.0))
-            fault = hub._take_fault(served)
+            if self._generation != hub._generation:
+                self.close_connection = True
+                return  # cleared while it waited: its client belongs to a run that has ended
             if fault in ("429", "500", "503"):
                 headers = {"Retry-After": str(hub.retry_after_s)} if fault == "429" else {}
                 return self._send(served, int(fault), b'{"error": "stand-in fault"}', fault=fault, headers=headers)
@@ -365,7 +374,7 @@ def _handler(hub: StandInHub) -> type[http.server.BaseHTTPRequestHandler]:
             fault: str | None = None,
             headers: dict[str, str] | None = None,
         ) -> None:
-            hub._record(Served(**{**served.__dict__, "status": status, "fault": fault}))
+            hub._record(Served(**{**served.__dict__, "status": status, "fault": fault}), self._generation)
             self.send_response(status)
             for key, value in (headers or {}).items():
                 self.send_header(key, value)

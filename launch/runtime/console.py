@@ -12,6 +12,19 @@ import time
 from pathlib import Path
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at each record: a handler kept across calls must not
+    hold a stream that was replaced since (pytest's captures, a redirected console)."""
+
+    @property
+    def stream(self):  # noqa: ANN201 (logging's own attribute)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup_logging(rank: int) -> None:
     """Console logging for the project's loggers ("orscale.*"): INFO on rank 0, warnings elsewhere.
 
@@ -21,10 +34,9 @@ def setup_logging(rank: int) -> None:
     logger = logging.getLogger("orscale")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     fmt = "%(asctime)s %(levelname)s %(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s"
-    handler = next((h for h in logger.handlers if getattr(h, "_orscale_console", False)), None)
+    handler = next((h for h in logger.handlers if isinstance(h, _StderrHandler)), None)
     if handler is None:
-        handler = logging.StreamHandler()
-        handler._orscale_console = True
+        handler = _StderrHandler()
         logger.addHandler(handler)
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
 
