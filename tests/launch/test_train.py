@@ -11,9 +11,12 @@ import pytest
 from launch.loop import main as train_main
 from launch.run.lock import RunLock
 from tests.conftest import ROOT
+from tests.helpers import BPE4K
 
 TINY = str(ROOT / "configs/tiny.yaml")
 FAST = [
+    f"data.tokenizer={BPE4K}",  # a 4k vocabulary: GPT-2's 50k head would be most of each step
+    "model.vocab_size=4096",
     "model.n_layer=2",
     "data.seq_len=64",
     "model.max_seq_len=64",
