@@ -10,7 +10,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy.stats import norm
 from torch import Tensor
 
 from evals.task_data import Task
@@ -23,6 +22,9 @@ def wilson_interval(k: float, n: float, level: float = 0.95) -> tuple[float, flo
     accuracy over seeds that scored the same n examples, which binomtest refuses)."""
     if n <= 0:
         return 0.0, 1.0
+    # Imported here: scipy.stats takes ~1.4 s to import, and every train.py start reaches this module.
+    from scipy.stats import norm
+
     z = float(norm.ppf(0.5 + level / 2))
     p = k / n
     z2 = z * z
