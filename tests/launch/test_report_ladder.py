@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from bench import run_logs
 from launch.report.build import build_report
 from launch.report.stats import fit_power_law, t_ppf
 from launch.sweep import sweep_cli
@@ -182,6 +184,33 @@ def test_a_group_still_searching_is_pending_not_a_number(ladder, tmp_path):
     md = (tmp_path / "report/report.md").read_text()
     assert "*pending: LR search incomplete" in md.split("## Final validation loss")[0]
     assert summary["headline"]["complete"] == 17
+
+
+@pytest.mark.slow
+def test_packed_logs_rebuild_the_report_and_resume_the_sweep(ladder, tmp_path, capsys):
+    """bench.run_logs: the finished runs' logs, packed and unpacked elsewhere, give the same report
+    numbers and leave the sweep nothing to run; an unfinished run and checkpoints are not packed."""
+    archive, plain = tmp_path / "logs.tar.xz", tmp_path / "plain" / "runs"
+    assert run_logs.main(["pack", str(ladder["runs"]), str(archive)]) == 0
+    assert run_logs.main(["unpack", str(archive), str(plain)]) == 0
+    assert not list(plain.rglob("checkpoints")) and (plain / "sweep_plan.json").is_file()
+    summary = build_report(plain, tmp_path / "report")
+    for key in ("headline", "rows", "fits"):
+        assert json.dumps(summary[key], sort_keys=True) == json.dumps(ladder["summary"][key], sort_keys=True), key
+    spec = tmp_path / "again.yaml"
+    spec.write_text(yaml.safe_dump(sweep_doc(plain)))
+    capsys.readouterr()
+    assert sweep_cli.main([str(spec), "--dry-run"]) == 0
+    assert ", 0 to run" in capsys.readouterr().out
+    assert run_logs.main(["unpack", str(archive), str(plain)]) == 0  # everything already there: kept
+    assert "0 files written" in capsys.readouterr().out
+    victim = next(plain.glob("m1/adamw/*-seed1")) / "metrics.jsonl"
+    victim.write_text("".join(victim.read_text().splitlines(keepends=True)[:3]))  # a run killed mid-way
+    assert run_logs.main(["pack", str(plain), str(archive)]) == 0
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    run = victim.parent.relative_to(plain)
+    assert str(run / "metrics.jsonl") not in names and str(run / "config.yaml") not in names
 
 
 # ---- synthetic logs (fast): grid-edge flags, Holm, downstream accuracies, hyperparameters
