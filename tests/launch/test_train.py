@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from launch.loop import main as train_main
 from launch.run.lock import RunLock
@@ -62,6 +63,8 @@ def test_short_run_loss_falls_and_run_dir_is_complete(tmp_path, optim):
     assert (run_dir / "config.yaml").is_file()
     log = (run_dir / "run.log").read_text()
     assert "git commit" in log and "environment" in log and "resolved config" in log
+    env = json.loads(log.split("environment: ", 1)[1].splitlines()[0])
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["packages"]["torch"]
     # stderr is not a terminal here: one line per log_every step takes the bar's place.
     steps = [int(line.split("step ")[1].split("/")[0]) for line in log.splitlines() if "/40 | loss " in line]
     assert steps == [1, 5, 10, 15, 20, 25, 30, 35, 40], steps
