@@ -7,7 +7,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,14 +48,25 @@ def setup_logging(rank: int) -> None:
 SHORT_ERRORS_ENV = "ORSCALE_SHORT_ERRORS"
 
 
-def report_user_error(err: BaseException, rank: int) -> None:
+# How long a rank other than 0 waits, after a user error, for rank 0 to say it and exit.
+RANK_ZERO_GRACE_S = 30.0
+
+
+def report_user_error(err: BaseException, rank: int, rank_zero_grace_s: float = RANK_ZERO_GRACE_S) -> None:
     """A user error as every command shows it: `error: <first line>` on stderr, any detail lines
-    (indented) under it; rank 0 only. Under plain torchrun, which follows it with its traceback and
+    (indented) under it, said by rank 0. Under plain torchrun, which follows it with its traceback and
     failure report, the line names the launcher that does not, and torchrun's error file gets it, so
-    that report's root cause is this line instead of a pointer to torchrun's docs."""
-    if rank != 0:
-        return
+    that report's root cause is this line instead of a pointer to torchrun's docs.
+
+    Another rank must not exit first: the launcher ends every worker as soon as one fails, which
+    would kill rank 0 before its line is out (seen under CI load). So it waits for the launcher's
+    SIGTERM (then exits 2, silently); if none comes within the grace, rank 0 did not fail the same
+    way, and this rank says the error itself, prefixed with its rank."""
     first, *detail = str(err).splitlines() or [type(err).__name__]
+    if rank != 0:
+        _wait_for_the_launcher_to_end_this_rank(rank_zero_grace_s)  # does not return if it does
+        _print_error(f"[rank {rank}] error: {first}", detail)
+        return
     if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get(SHORT_ERRORS_ENV):
         first += " (plain torchrun adds its traceback; python -m launch.launcher prints this line alone)"
     _print_error(f"error: {first}", detail)
@@ -65,6 +78,17 @@ def report_failure(err: BaseException) -> None:
     torchrun's error file, so that torchrun's failure report names it as the root cause."""
     first, *detail = str(err).splitlines() or [type(err).__name__]
     _print_error(f"error: {first}", detail)
+
+
+def _wait_for_the_launcher_to_end_this_rank(grace_s: float) -> None:
+    """Sleep up to `grace_s`; the launcher's SIGTERM (sent once a peer has exited) ends the process
+    there with status 2, the user-error status, so the launch reads as one user error. Returns
+    when the grace ran out (at once where signals cannot be set: not the main thread)."""
+    if grace_s <= 0 or threading.current_thread() is not threading.main_thread():
+        return
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+    time.sleep(grace_s)
 
 
 def _print_error(first: str, detail: list[str]) -> None:

@@ -171,5 +171,38 @@ def test_a_user_error_under_plain_torchrun_names_the_short_launcher_and_fills_to
     error_file.unlink()
     monkeypatch.setenv(console.SHORT_ERRORS_ENV, "1")  # under launch.launcher: the line alone
     console.report_user_error(ValueError("bad"), rank=0)
-    console.report_user_error(ValueError("bad"), rank=1)  # one line for the whole launch: rank 0's
     assert capsys.readouterr().err == "error: bad\n"
+
+
+# A rank other than 0 meeting a user error; argv[1] is its grace for rank 0.
+_RANK_ONE_ERROR = """
+import sys
+from launch.runtime import console
+console.report_user_error(ValueError("bad"), rank=1, rank_zero_grace_s=float(sys.argv[1]))
+print("grace over", file=sys.stderr)
+"""
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """The process has its own SIGTERM handler (bit 15 of SigCgt in /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_rank_other_than_zero_outwaits_rank_zero_so_its_error_line_is_not_cut_off():
+    """torchrun ends every worker once one has exited: a rank 1 that left first would take rank 0
+    down before its line (seen in CI). Rank 1 waits; the launcher's SIGTERM ends it with status 2
+    and nothing printed; if no SIGTERM comes (rank 0 did not fail so), it says the error itself."""
+    cmd = [sys.executable, "-c", _RANK_ONE_ERROR]
+    proc = subprocess.Popen([*cmd, "60"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 20
+    while not _catches_sigterm(proc.pid) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and err == ""
+
+    done = subprocess.run([*cmd, "0.2"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+    assert done.stderr == "[rank 1] error: bad\ngrace over\n"
