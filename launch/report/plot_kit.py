@@ -87,11 +87,16 @@ def save(
     fig.savefig(path, dpi=dpi)
 
 
-def log_axis(axis: Any) -> None:
+LABEL_EVERY_DECADE_ONLY = 3.0
+
+
+def log_axis(axis: Any, decades: float = 0.0) -> None:
     """A log axis labelled at 1, 2 and 5 × each decade as plain numbers (a range shorter than a
     decade still gets labels), no minor labels: the default ones on a short range are most of the
-    drawing time and crowd the panel."""
-    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
+    drawing time and crowd the panel. An axis spanning more than `LABEL_EVERY_DECADE_ONLY` decades
+    (its caller says how many) is labelled at each decade only: three labels a decade collide there."""
+    subs = (1.0,) if decades > LABEL_EVERY_DECADE_ONLY else (1.0, 2.0, 5.0)
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}".replace("e+", "e")))
     axis.set_minor_formatter(ticker.NullFormatter())
 

@@ -76,6 +76,9 @@ def plot_lr(ctx: dict, path: Path) -> None:
             if s is not None:
                 ax.plot(d, 2 ** (s.intercept + s.slope * np.log2(d)), "-", color=color(name), alpha=0.7)
         ax.set_xscale("log", base=2)
+        best = {p["vertex_lr"] or p["best_lr"] for pts in t["points"].values() for p in pts}
+        if len(best) == 1:  # every optimum at one LR: give the axis an octave each way, not a zero span
+            ax.set_ylim(min(best) / 2, min(best) * 2)
         ax.set_yscale("log")
         widths = sorted({p["d_model"] for pts in t["points"].values() for p in pts})
         ax.xaxis.set_major_locator(ticker.FixedLocator(widths))
@@ -157,8 +160,9 @@ def plot_lr_grid(ctx: dict, rows: list, path: Path) -> bool:
             ax.plot([s[0]], [s[1]], "D", ms=10, mfc="none", mec="red", mew=1.2, label=f"shared {fmt_point(s)}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        log_axis(ax.xaxis)
-        log_axis(ax.yaxis)
+        decades = math.log10(edge[1] / edge[0])  # both axes span at most this (the diagonal is drawn over it)
+        log_axis(ax.xaxis, decades)
+        log_axis(ax.yaxis, decades)
         ax.set_xlabel("peak LR of the hidden matrices (optim.lr)")
         ax.set_ylabel("peak LR of the AdamW group (optim.adamw_lr)")
         ax.set_title(opt_name(name), fontsize=10, color=color(name))
