@@ -1,0 +1,249 @@
+"""A pool of ranks for the tests that need N processes of a process group but not a launch.
+
+Starting Python, torch and the project costs ~2 CPU-s per process and torchrun's agent more, so a
+test that only needs "2 ranks of gloo" should not pay a launch. `rank_pool(n)` starts n worker
+processes once per test session (`tests/pool_worker.py`: torch and the project imported once), and
+`pool.run(fn, *args)` runs `fn(*args)` in every rank and returns each rank's result:
+
+    results = rank_pool(2).run(train_job, overrides)        # [rank 0's value, rank 1's value]
+
+`fn` is any module-level function (pickled by name; the worker imports its module). By default each
+job runs inside a fresh default process group (gloo, one per job, destroyed after it); with
+`group=False` (one rank only) it runs with none, as a plain `python train.py` of backend `none`
+does. A job leaves nothing behind for the next: the worker restores the environment, working
+directory, signal handlers, logging, thread count, RNG seeds, torch.compile's caches and the
+process-group timeouts after every job (`tests/pool_worker.py`).
+
+A job that raises on any rank, or runs past its timeout, fails only its test: the error lines and
+each rank's log tail come back in the AssertionError (or, from `run_raw`, as values), and a pool
+that may be left inconsistent (a rank still inside a collective, a timeout) is restarted before the
+next job. Anchors read before writing this: PyTorch's `MultiProcContinuousTest`
+(torch/testing/_internal/common_distributed.py) and OLMo-core's `run_distributed_test`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import ROOT, env, free_port
+
+START_TIMEOUT_S = 120.0
+JOB_TIMEOUT_S = 600.0
+# After one rank fails, how long the others get to come back before the pool is restarted.
+PEER_GRACE_S = 20.0
+
+
+@dataclass
+class RankResult:
+    rank: int
+    value: Any = None
+    error: str | None = None  # "Type: message" of an exception the job raised on this rank
+    traceback: str = ""
+    log: str = ""  # what this rank wrote to stdout/stderr during the job (its tail)
+
+
+class PoolJobError(AssertionError):
+    """A pool job failed on some rank or timed out: every rank's error and log tail."""
+
+
+class RankPool:
+    """n worker processes, started on first use and kept for the session."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._logs: list[Path] = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.starts = 0  # how many times the workers were started (a restart counts)
+        self.jobs = 0
+
+    # ------------------------------------------------------------------ life cycle
+    def _start(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"rank-pool-{self.nproc}-")
+        authkey = secrets.token_bytes(16)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = listener.address
+        master_port = free_port()
+        environ = env()
+        environ["ORSCALE_POOL_AUTHKEY"] = authkey.hex()
+        self._logs = [Path(self._tmp.name) / f"rank{r}.log" for r in range(self.nproc)]
+        for rank in range(self.nproc):
+            cmd = [sys.executable, "-m", "tests.pool_worker", host, str(port), str(rank), str(self.nproc)]
+            cmd.append(str(master_port))
+            with open(self._logs[rank], "wb") as log:
+                self._procs.append(
+                    subprocess.Popen(cmd, cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                )
+        conns: dict[int, Connection] = {}
+        accepted: queue.Queue = queue.Queue()
+
+        def accept() -> None:  # Listener.accept has no timeout: wait for it on a thread
+            try:
+                for _ in range(self.nproc):
+                    accepted.put(listener.accept())
+            except OSError as err:  # the listener was closed: start-up gave up
+                accepted.put(err)
+
+        threading.Thread(target=accept, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while len(conns) < self.nproc:
+                got = accepted.get(timeout=max(0.1, deadline - time.monotonic()))
+                if isinstance(got, BaseException):
+                    raise got
+                conns[got.recv()] = got
+            for conn in conns.values():  # "ready": torch and the project imported
+                if not conn.poll(max(0.1, deadline - time.monotonic())):
+                    raise TimeoutError("a pool worker did not get ready")
+                conn.recv()
+        except BaseException as err:
+            listener.close()
+            tails = "\n".join(f"--- rank {r}:\n{_tail(p)}" for r, p in enumerate(self._logs))
+            self._conns = list(conns.values())
+            self._kill()
+            raise PoolJobError(f"the {self.nproc}-rank pool did not start: {err!r}\n{tails}") from None
+        listener.close()
+        self._conns = [conns[r] for r in range(self.nproc)]
+        self.starts += 1
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)  # "exit"
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    # ------------------------------------------------------------------ jobs
+    def run_raw(
+        self, fn: Callable[..., Any], *args: Any, group: bool = True, timeout: float = JOB_TIMEOUT_S, **kwargs: Any
+    ) -> list[RankResult]:
+        """`fn(*args, **kwargs)` on every rank; each rank's RankResult, errors included. Raises
+        PoolJobError only when the job timed out or a worker died."""
+        if group is False and self.nproc > 1:
+            raise ValueError("a job without a process group runs on a 1-rank pool")
+        if not self.alive:
+            self._kill()
+            self._start()
+        payload = pickle.dumps((fn, args, kwargs, group, timeout))
+        offsets = [p.stat().st_size for p in self._logs]
+        self.jobs += 1
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        results: dict[int, RankResult] = {}
+        deadline = time.monotonic() + timeout
+        pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        while pending:
+            if results and any(r.error for r in results.values()):  # a peer may wait in a collective
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
+            ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                rank = pending.pop(conn)  # type: ignore[index]
+                try:
+                    results[rank] = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    results[rank] = RankResult(rank, error=f"the worker died (exit {self._procs[rank].poll()})")
+        for rank in range(self.nproc):
+            tail = _tail(self._logs[rank], offsets[rank]) if self._logs else ""
+            results.setdefault(rank, RankResult(rank, error=f"no answer within {timeout:g} s")).log = tail
+        ordered = [results[r] for r in range(self.nproc)]
+        if pending or any(r.error for r in ordered):
+            # A rank that timed out, died or may have left a collective half done: start afresh.
+            self._kill()
+        if pending:
+            raise PoolJobError(_describe(f"{_name(fn)} timed out after {timeout:g} s", ordered))
+        return ordered
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """`fn(*args, **kwargs)` on every rank; the values by rank. PoolJobError (an AssertionError,
+        so the test fails with it) naming every rank's error and log tail if any rank raised."""
+        results = self.run_raw(fn, *args, **kwargs)
+        if any(r.error for r in results):
+            raise PoolJobError(_describe(f"{_name(fn)} failed", results))
+        return [r.value for r in results]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+
+
+def _describe(what: str, results: list[RankResult]) -> str:
+    lines = [what]
+    for r in results:
+        lines.append(f"--- rank {r.rank}: {r.error or 'ok'}")
+        if r.traceback:
+            lines.append(r.traceback[-3000:])
+        if r.log:
+            lines.append(f"log tail:\n{r.log[-3000:]}")
+    return "\n".join(lines)
+
+
+def _tail(path: Path, offset: int = 0, limit: int = 8000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(offset, fh.seek(0, os.SEEK_END) - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+_POOLS: dict[int, RankPool] = {}
+
+
+def rank_pool(nproc: int) -> RankPool:
+    """The session's pool of `nproc` ranks (1, 2 or 4), started on first use."""
+    if nproc not in _POOLS:
+        _POOLS[nproc] = RankPool(nproc)
+    return _POOLS[nproc]
+
+
+def close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
+atexit.register(close_pools)
