@@ -107,12 +107,23 @@ def encode_task(task: Task, encode: Callable[[list[str]], list[list[int]]], max_
     return out
 
 
-def _collate(docs: list[EncodedDoc]) -> Batch:
+def length_buckets(max_len: int, count: int = 4) -> list[int]:
+    """`count` padded lengths up to max_len (max_len/8, /4, /2, max_len): a compiled model with
+    static shapes meets at most these, instead of one graph per distinct length."""
+    return sorted({max(1, -(-max_len // 2**k)) for k in range(count)})
+
+
+def _collate(docs: list[EncodedDoc], shape: tuple[int, list[int]] | None = None) -> Batch:
+    """`shape`: (rows, length buckets) to pad to (extra rows score nothing); None: the tightest."""
     rows = [c for d in docs for c in d.choices]
     T = max(1, max(len(c.tokens) for c in rows) - 1)
-    inputs = torch.zeros(len(rows), T, dtype=torch.long, device="cpu")
-    targets = torch.full((len(rows), T), -100, dtype=torch.long, device="cpu")
-    mask = torch.zeros(len(rows), T, dtype=torch.bool, device="cpu")
+    B = len(rows)
+    if shape is not None:
+        B = max(B, shape[0])
+        T = next((b for b in shape[1] if b >= T), T)
+    inputs = torch.zeros(B, T, dtype=torch.long, device="cpu")
+    targets = torch.full((B, T), -100, dtype=torch.long, device="cpu")
+    mask = torch.zeros(B, T, dtype=torch.bool, device="cpu")
     for i, c in enumerate(rows):
         n = len(c.tokens) - 1
         if n > 0:
@@ -122,21 +133,24 @@ def _collate(docs: list[EncodedDoc]) -> Batch:
     return Batch(inputs, targets, mask, docs)
 
 
-def make_batches(docs: Sequence[EncodedDoc], batch_size: int) -> list[Batch]:
-    """Consecutive whole docs per batch, up to batch_size rows: fixed by the docs alone, not the world size."""
+def make_batches(docs: Sequence[EncodedDoc], batch_size: int, max_len: int | None = None) -> list[Batch]:
+    """Consecutive whole docs per batch, up to batch_size rows: fixed by the docs alone, not the world
+    size. `max_len`: pad every batch to batch_size rows and one of `length_buckets(max_len)` (for a
+    model compiled with static shapes); None: each batch as tight as its docs allow."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    shape = (batch_size, length_buckets(max_len)) if max_len is not None else None
     batches: list[Batch] = []
     current: list[EncodedDoc] = []
     rows = 0
     for doc in docs:
         if current and rows + len(doc.choices) > batch_size:
-            batches.append(_collate(current))
+            batches.append(_collate(current, shape))
             current, rows = [], 0
         current.append(doc)
         rows += len(doc.choices)
     if current:
-        batches.append(_collate(current))
+        batches.append(_collate(current, shape))
     return batches
 
 

@@ -68,6 +68,9 @@ class TrainConfig:
     eval_every: int = 50
     ckpt_every: int = 0  # 0: only the final checkpoint
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
+    # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
+    tf32: bool = True
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)

@@ -153,22 +153,25 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             last_loss = record["train_loss"]
             progress.logged(record)
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
-            last_val = (evaluate(engine, run.val, cfg.data.val_batch_size, env), state.step)
-            run.run_dir.write(
-                {
-                    "step": state.step,
-                    "tokens": state.tokens,
-                    "val_loss": last_val[0],
-                    "val_tokens": run.val[:, 1:].numel(),
-                }
-            )
-            log.info("step %d: val_loss %.4f", state.step, last_val[0])
-            if cfg.eval.tasks:  # downstream tasks at the same steps, on the windows the model trained on
-                scores = score_tasks(engine.module, engine.autocast, run.tokenizer, cfg.eval, env, cfg.data.seq_len)
-                run.run_dir.write({"step": state.step, "tokens": state.tokens, **eval_metrics(scores)})
-                for summary in scores.values():
-                    log.info("step %d: eval %s", state.step, summary_line(summary))
-            meter.restart_clock()  # evaluation time is not training throughput
+            with meter.paused():  # evaluation time is not training throughput
+                last_val = (evaluate(engine, run.val, cfg.data.val_batch_size, env), state.step)
+                run.run_dir.write(
+                    {
+                        "step": state.step,
+                        "tokens": state.tokens,
+                        "val_loss": last_val[0],
+                        "val_tokens": run.val[:, 1:].numel(),
+                    }
+                )
+                log.info("step %d: val_loss %.4f", state.step, last_val[0])
+                if cfg.eval.tasks:  # downstream tasks at the same steps, on the windows the model trained on
+                    compiled = cfg.parallel.compile != "none"  # a few padded shapes, not a graph per length
+                    scores = score_tasks(
+                        engine.module, engine.autocast, run.tokenizer, cfg.eval, env, cfg.data.seq_len, compiled
+                    )
+                    run.run_dir.write({"step": state.step, "tokens": state.tokens, **eval_metrics(scores)})
+                    for summary in scores.values():
+                        log.info("step %d: eval %s", state.step, summary_line(summary))
         progress.update(state.step)
         if loader.failure is not None:  # the reader failed on a later step: every rank stops here and saves
             stop.raised = True
@@ -177,8 +180,8 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             run.save()
             break
         if state.step == t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0):
-            run.save()
-            meter.restart_clock()
+            with meter.paused():
+                run.save()
     stop.restore()
     progress.close()
     if loader.failure is not None and state.step < t.max_steps:

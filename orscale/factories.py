@@ -7,6 +7,7 @@ so neither imports the other.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,14 +41,39 @@ def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
     return keep_lr_scales(opt)
 
 
-def adamw_implementation(setting: str, groups: list[dict[str, Any]]) -> dict[str, bool]:
+# torch 2.10 and 2.11 keep one DTensorSpec alive per parameter per fused-AdamW step on DTensor
+# (FSDP2) parameters: host RAM grows without bound (pytorch#181761, #188174; torchtitan#3790 saw
+# 122 -> 180 GB over ~100k steps). Fixed upstream by pytorch#181792; 2.8 and 2.13 do not leak.
+FUSED_DTENSOR_LEAK = ((2, 10), (2, 11))
+
+
+def fused_leaks(params: list[Any], version: str = torch.__version__) -> bool:
+    """Whether fused AdamW on `params` would leak under torch `version` (DTensor parameters only)."""
+    from torch.distributed.tensor import DTensor
+
+    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    return major_minor in FUSED_DTENSOR_LEAK and any(isinstance(p, DTensor) for p in params)
+
+
+def adamw_implementation(
+    setting: str, groups: list[dict[str, Any]], version: str = torch.__version__
+) -> dict[str, bool]:
     """AdamW's `fused` / `foreach` keyword for `optim.fused` (auto | fused | foreach); the other stays
     at torch's default (None), as torch refuses both true. The choice is stored in every param group,
-    so ZeRO's client, which copies these groups, runs the same implementation."""
+    so ZeRO's client, which copies these groups, runs the same implementation. `auto` is fused on
+    CUDA, foreach elsewhere and on FSDP2 parameters under a torch that leaks there (FUSED_DTENSOR_LEAK);
+    an explicit `fused` there is kept, with a warning."""
+    # Routed groups hold (name, param) pairs; plain groups hold params.
+    params = [item[1] if isinstance(item, tuple) else item for g in groups for item in g["params"]]
+    leaks = fused_leaks(params, version)
     if setting == "auto":
-        # Routed groups hold (name, param) pairs; plain groups hold params.
-        params = [item[1] if isinstance(item, tuple) else item for g in groups for item in g["params"]]
-        setting = "fused" if params and all(p.device.type == "cuda" for p in params) else "foreach"
+        setting = "fused" if params and all(p.device.type == "cuda" for p in params) and not leaks else "foreach"
+    elif setting == "fused" and leaks:
+        logging.getLogger("orscale").warning(
+            "optim.fused=fused on FSDP2 parameters under torch %s leaks host memory every step "
+            "(pytorch#188174): a long run grows by GBs; use optim.fused=foreach or auto, or torch >= 2.12",
+            version,
+        )
     return {"fused": True} if setting == "fused" else {"foreach": True}
 
 

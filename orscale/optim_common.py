@@ -35,3 +35,28 @@ def sums_of_squares(xs: TensorList) -> Tensor:
     GPU; squaring back is exact enough (fp32 relative error ~1e-7) and keeps each entry a sum of
     squares, so partial sums over shards add up under all-reduce."""
     return torch.stack(torch._foreach_norm(xs)).square()
+
+
+def placed_state_value(group: dict[str, Any], param: Tensor, key: Any, value: Any) -> Any:
+    """Where ``torch.optim.Optimizer.load_state_dict`` puts a loaded state value, for state written
+    into ``opt.state`` by hand (a ZeRO partition's, a re-chosen AdamW implementation's): ``step``
+    stays where it is unless `group` runs fused or capturable (their kernels read it on the
+    parameter's device: a host ``step`` there is a host pointer handed to a CUDA kernel); anything
+    else goes to the parameter's device, in its dtype when the parameter is floating point."""
+    if not isinstance(value, Tensor):
+        return value
+    if key == "step":
+        fused = group.get("fused") or group.get("capturable")
+        return value.to(dtype=torch.float32, device=param.device) if fused else value
+    if param.is_floating_point():
+        return value.to(dtype=param.dtype, device=param.device)
+    return value.to(device=param.device)
+
+
+def place_loaded_state(opt: torch.optim.Optimizer) -> None:
+    """Apply `placed_state_value` to every state value of `opt`, with each group's current flags."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if state:
+                opt.state[p] = {k: placed_state_value(group, p, k, v) for k, v in state.items()}

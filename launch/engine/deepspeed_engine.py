@@ -9,8 +9,11 @@ global norm DeepSpeed computes, exactly like ``clip_grad_norm_`` in the other ba
 One arithmetic across backends: DeepSpeed keeps fp32 parameters, so gradients are accumulated and
 reduced in fp32 (its bf16 mode would accumulate ZeRO-2 gradients and reduce them in bf16, while
 FSDP2 reduces in fp32 and SPEC §1 takes G in fp32); a bf16 run computes in bf16 through the same
-`torch.autocast` as the other engines. The cost is fp32 weights on every rank (ZeRO-1/2 do not
-shard parameters): 4 bytes per parameter instead of 2.
+`torch.autocast` as the other engines. DeepSpeed's forward must be told so (`torch_autocast` in
+`ds_config`): it finds an outer CUDA autocast on and, its own off, would open an autocast with
+``enabled=False`` around the whole forward (fp32 compute on a GPU, unseen on CPU, where
+``torch.is_autocast_enabled()`` asks about CUDA). The cost is fp32 weights on every rank (ZeRO-1/2
+do not shard parameters): 4 bytes per parameter instead of 2.
 
 Checkpoints are not DeepSpeed's own (pickled per-rank partitions that load only at the size that
 wrote them): ``zero/`` holds each rank's optimizer state by parameter name in safetensors
@@ -72,10 +75,12 @@ def check_zero_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
         )
 
 
-def ds_config(backend: str, micro: int, world_size: int, accum_steps: int) -> dict[str, Any]:
+def ds_config(
+    backend: str, micro: int, world_size: int, accum_steps: int, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
     """The DeepSpeed config dict for this run (nothing is read from a JSON file). fp32 parameters,
-    gradients and reductions; compute precision is the engine's autocast. `micro`: sequences per
-    micro-batch per rank (train.micro_batch_size)."""
+    gradients and reductions; compute in `dtype` under autocast, as the other engines compute.
+    `micro`: sequences per micro-batch per rank (train.micro_batch_size)."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum_steps,
@@ -90,6 +95,13 @@ def ds_config(backend: str, micro: int, world_size: int, accum_steps: int) -> di
         },
         "bf16": {"enabled": False},
         "fp16": {"enabled": False},
+        # DeepSpeed's forward opens this autocast itself (an outer one alone it would switch off).
+        # No module is "lower-precision safe": DeepSpeed would reduce their gradients in `dtype`.
+        "torch_autocast": {
+            "enabled": dtype != torch.float32,
+            "dtype": str(dtype),
+            "lower_precision_safe_modules": [],
+        },
         "communication_data_type": "fp32",
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
@@ -146,7 +158,8 @@ class DeepSpeedEngine(Engine):
         self.backend, self.optim_name = parallel.backend, optim.name
         self.world_size = dist.get_world_size()
         self.config = deep_merge(
-            ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps), ds_overrides or {}
+            ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype),
+            ds_overrides or {},
         )
         model = build_model(model_cfg, parallel, train.seed, env, dtype)
         self.optimizer = ZeroShardedOptimizer(model, optim)

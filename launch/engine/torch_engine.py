@@ -22,6 +22,7 @@ from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
 from orscale.factories import adamw_implementation
+from orscale.optim_common import place_loaded_state
 from orscale.routing import canonical_name
 
 
@@ -104,10 +105,7 @@ class TorchEngine(Engine):
                 impl = adamw_implementation(self._adamw_impl, opt.param_groups)
                 for group in opt.param_groups:
                     group.update(fused=impl.get("fused"), foreach=impl.get("foreach"))
-                    for p in group["params"] if impl.get("fused") else []:  # fused wants its step on p's device
-                        st = opt.state.get(p, {})
-                        if isinstance(st.get("step"), torch.Tensor):
-                            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+            place_loaded_state(opt)  # torch's rule with this run's flags (fused: step on p's device)
 
     def _load_logical(self, directory: Path) -> None:
         # Written by ZeRO-1/2: whole weights and optimizer state by name, sharded here as this

@@ -52,7 +52,7 @@ class Prepared:
 # Encoded batches per (task, shots, max_examples, tokenizer, max_len, batch_size): the loop scores the
 # same tasks at every evaluation step, and encoding 40k HellaSwag requests each time would cost more
 # than a small model's forwards.
-_PREPARED: dict[tuple[str, int, int, str, int, int], Prepared] = {}
+_PREPARED: dict[tuple[str, int, int, str, int, int, bool], Prepared] = {}
 
 
 def prepare_tasks(
@@ -63,16 +63,18 @@ def prepare_tasks(
     max_len: int,
     batch_size: int,
     tokenizer_key: str | None = None,
+    static_shapes: bool = False,
 ) -> list[Prepared]:
     """Load, encode and batch each task. `tokenizer_key` (e.g. `TextTokenizer.fingerprint()`) names
-    the tokenizer for the cache; None: no caching (an encoder without a stable identity)."""
+    the tokenizer for the cache; None: no caching (an encoder without a stable identity).
+    `static_shapes`: batches padded to a few shapes (evals.make_batches), for a compiled model."""
     out = []
     for name in names:
-        key = (name, shots, max_examples, tokenizer_key or "", max_len, batch_size)
+        key = (name, shots, max_examples, tokenizer_key or "", max_len, batch_size, static_shapes)
         found = _PREPARED.get(key) if tokenizer_key is not None else None
         if found is None:
             task = load_task(name, shots, max_examples)  # parsed once per process (evals' own cache)
-            batches = make_batches(encode_task(task, encode, max_len), batch_size)
+            batches = make_batches(encode_task(task, encode, max_len), batch_size, max_len if static_shapes else None)
             for b in batches:  # only continuation tokens are scored: the rest never meet the head
                 b.targets = torch.where(b.mask, b.targets, torch.full_like(b.targets, IGNORE_INDEX))
             found = Prepared(task, batches)
@@ -132,10 +134,13 @@ def score_tasks(
     eval_cfg: EvalConfig,
     env: DistEnv,
     max_len: int,
+    static_shapes: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The summary (evals.summarize) of every task in `eval_cfg.tasks`, encoded with the training
     `tokenizer` (a data.TextTokenizer) and cut to `max_len` tokens. Collective. The module is in eval
-    mode for the duration and in train mode afterwards, as the loop's validation leaves it."""
+    mode for the duration and in train mode afterwards, as the loop's validation leaves it.
+    `static_shapes`: the module is compiled with static shapes (parallel.compile): its batches come
+    in at most four shapes, so evaluation compiles a few graphs, not one per length."""
     prepared = prepare_tasks(
         eval_cfg.tasks,
         eval_cfg.shots,
@@ -144,6 +149,7 @@ def score_tasks(
         max_len,
         eval_cfg.batch_size,
         tokenizer_key=tokenizer.fingerprint(),
+        static_shapes=static_shapes,
     )
     module.eval()
     try:

@@ -9,10 +9,12 @@ the device every step (no host sync) and read, agreed across ranks, only when th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import resource
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +66,7 @@ class StepMeter:
         self._steps = 0
         self._tokens = 0
         self._wait = 0.0
+        self._paused = 0.0  # seconds of the window spent outside training (evaluation, checkpoints)
         self._t0 = time.perf_counter()
 
     def add_micro_batch(self, loss: Tensor) -> None:
@@ -109,14 +112,24 @@ class StepMeter:
         self._steps = int(states[0]["steps"])
 
     def restart_clock(self) -> None:
-        """Exclude what just happened (evaluation, a checkpoint) from the throughput."""
-        self._t0 = time.perf_counter()
+        """Start the window's clock now (after set-up: a launch is timed from its first step)."""
+        self._t0, self._paused = time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave what runs inside (evaluation, a checkpoint) out of the window's time, while its
+        steps and tokens stay in it: the window's tokens/s is its training steps' alone."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - start
 
     def read(self, tokens_seen: int) -> dict[str, Any]:
         """The window's figures since the last read; resets. Collective: every rank calls it at the
         same step (one all-reduce of the loss)."""
         loss = all_reduce_sum(self._loss_sum).item() / self.env.world_size / max(self._steps, 1)
-        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        elapsed = max(time.perf_counter() - self._t0 - self._paused, 1e-9)
         tokens_per_s = self._tokens / elapsed
         per_device = tokens_per_s / self.env.world_size / (self.peak * 1e12) if self.peak else None
         mfu, mfu_causal = (f * per_device if per_device else None for f in self.flops_per_token)
@@ -134,5 +147,5 @@ class StepMeter:
             "non_embedding_params": self.non_embedding,
         }
         self._loss_sum.zero_()
-        self._steps, self._tokens, self._wait, self._t0 = 0, 0, 0.0, time.perf_counter()
+        self._steps, self._tokens, self._wait, self._t0, self._paused = 0, 0, 0.0, time.perf_counter(), 0.0
         return out

@@ -25,7 +25,14 @@ from launch.run.resume import check_resume_compatible, find_resume_point, prepar
 from launch.run.run_dir import RunDir, WindowAudit, check_mirrors_available
 from launch.run.train_state import TrainState
 from launch.runtime.console import setup_logging
-from launch.runtime.process_group import DistEnv, compute_dtype, init_distributed, launched_world_size, rank0_decides
+from launch.runtime.process_group import (
+    DistEnv,
+    compute_dtype,
+    init_distributed,
+    launched_world_size,
+    rank0_decides,
+    set_tf32,
+)
 
 log = logging.getLogger("orscale")
 
@@ -158,6 +165,7 @@ def setup_run(cfg: Config) -> Run:
         )
     env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s)
     setup_logging(env.rank)
+    tf32 = set_tf32(cfg.train.tf32, env.device)
     _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
     accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)
 
@@ -245,6 +253,7 @@ def setup_run(cfg: Config) -> Run:
             "val_windows": len(val),
             "device": str(env.device),
             "dtype": str(dtype),
+            "fp32_matmul": tf32,  # train.tf32 as CUDA applied it (tf32 | ieee); None off CUDA
             "world_size": env.world_size,
             "tokenizer": tokenizer.describe(),
             "resumed_from": str(resume_from) if resume_from else None,

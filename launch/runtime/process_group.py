@@ -118,6 +118,19 @@ def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if setting == "bf16" else torch.float32
 
 
+def set_tf32(enabled: bool, device: torch.device) -> str | None:
+    """`train.tf32`: CUDA's fp32 matmuls on TF32 tensor cores (`tf32`) or in full fp32 (`ieee`).
+    Returns the setting now in force, for the run's record; None off CUDA, where nothing changes."""
+    if device.type != "cuda":
+        return None
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9 (mixing it with allow_tf32 raises)
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        return str(matmul.fp32_precision)
+    matmul.allow_tf32 = enabled
+    return "tf32" if matmul.allow_tf32 else "ieee"
+
+
 def _free_port() -> int:
     import socket
 

@@ -357,6 +357,12 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("this rank owns no tensors: it holds no owner-side state")
         return self._muon.state[tensor]
 
+    def owner_group(self, tensor: Tensor) -> dict[str, Any]:
+        """The owner-side optimizer's param group holding one of `owned_tensors()`."""
+        if self._muon is None:
+            raise RuntimeError("this rank owns no tensors: it holds no owner-side groups")
+        return next(g for g in self._muon.param_groups if any(p is tensor for p in g["params"]))
+
     def state_dict(self) -> dict[str, Any]:
         raise RuntimeError(
             "ZeroShardedOptimizer state is saved by orscale.distributed.zero_checkpoint "

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from orscale.distributed.zero import ROLE, ZeroShardedOptimizer
 from orscale.distributed.zero_layout import MatrixLayout
+from orscale.optim_common import placed_state_value
 
 NUMBERS = "orscale_numbers"  # safetensors metadata key: JSON of the non-tensor state values
 
@@ -198,17 +199,16 @@ def load_zero_state(
                         saved.fill(
                             f"flat/{layout.names[pc.k]}/{key}", buf[pc.part_off : pc.part_off + pc.n], pc.mat_off
                         )
-                    state[key] = buf.to(part.device)
+                    state[key] = buf
                 else:
                     name = next(n for n in layout.names if key in saved.keys_under(f"flat/{n}/"))
-                    value = saved.value(f"flat/{name}/{key}")
-                    state[key] = value.to(part.device) if key != "step" and isinstance(value, Tensor) else value
-            opt.state[part] = state
+                    state[key] = saved.value(f"flat/{name}/{key}")
+            # torch's own placement (fused AdamW, the CUDA default, reads `step` on the device)
+            opt.state[part] = {k: placed_state_value(group, part, k, v) for k, v in state.items()}
         for name, w in opt.owned_tensors():
             owner_keys = saved.keys_under(f"owner/{name}/")
             if not owner_keys:
                 raise ValueError(f"the checkpoint holds no optimizer state for {name}")
-            owned = opt.owner_state(w)
+            owned, group = opt.owner_state(w), opt.owner_group(w)
             for key in owner_keys:
-                value = saved.value(f"owner/{name}/{key}")
-                owned[key] = value.to(w.device) if isinstance(value, Tensor) else value
+                owned[key] = placed_state_value(group, w, key, saved.value(f"owner/{name}/{key}"))

@@ -91,6 +91,11 @@ def test_ds_config_leaves_clipping_to_us_and_keeps_fp32_arithmetic():
     for stage in ("zero1", "zero2"):
         c = ds_config(stage, _cfg(stage).train.micro_batch_size, 8, 3)
         assert not c["bf16"]["enabled"] and not c["fp16"]["enabled"] and c["communication_data_type"] == "fp32"
+        assert not c["torch_autocast"]["enabled"]  # an fp32 run
+    # A bf16 run: DeepSpeed autocasts the forward itself (it would switch an outer autocast off),
+    # with no module whose gradients it would reduce in bf16 (tests/launch/test_gpu_guards.py runs it).
+    bf16 = ds_config("zero2", 4, 8, 3, torch.bfloat16)["torch_autocast"]
+    assert bf16 == {"enabled": True, "dtype": "torch.bfloat16", "lower_precision_safe_modules": []}
 
 
 def test_owner_muon_family_is_built_like_build_optimizers():
