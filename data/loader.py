@@ -29,7 +29,7 @@ import torch
 from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import Documents
-from data.notices import Notices
+from data.notices import Passes
 from data.shard_stream import ShardStream
 from data.stream import is_hub_source
 
@@ -99,7 +99,7 @@ class PackedLoader:
         self.cfg, self.docs, self.rank, self.world_size = cfg, docs, rank, world_size
         self.width, self.per_shard = cfg.seq_len + 1, windows_per_step // S
         self.owned = [s for s in range(S) if s % world_size == rank]
-        notices = Notices(log)
+        passes = Passes(log)
         self.shards = {
             s: ShardStream(
                 s,
@@ -109,7 +109,7 @@ class PackedLoader:
                 cfg.shuffle,
                 cfg.shuffle_buffer,
                 cfg.seed,
-                notices,
+                passes,
             )
             for s in self.owned
         }

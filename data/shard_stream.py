@@ -8,7 +8,8 @@ nothing is dropped at document boundaries.
 
 The state is small and exact: (epoch, position in the epoch's piece order, row within the piece),
 the tokens read but not yet emitted, and the shuffle buffer. Restoring it seeks straight to the
-piece and row (`Documents.read(piece, row)`), so a resume never re-reads what came before.
+piece and row (`Documents.read(piece, row)`), so a resume never re-reads what came before. Epoch e
+is the shard's pass e + 1 over its documents: the log counts passes from 1 (`data.notices.Passes`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from data.data_errors import DataError
 from data.documents import Documents
-from data.notices import Notices
+from data.notices import Passes
 
 log = logging.getLogger("orscale.data")
 
@@ -39,10 +40,10 @@ class ShardStream:
         shuffle: bool,
         buffer_size: int,
         seed: int,
-        notices: Notices | None = None,
+        passes: Passes | None = None,
     ) -> None:
         self.shard, self.pieces, self.docs = shard, pieces, docs
-        self.notices = notices or Notices(log)  # shared by a loader's shards: one wrap-around line per epoch
+        self.passes = passes or Passes(log)  # shared by a loader's shards: one line per pass any of them begins
         self.first_piece, self.first_row = first  # the validation set ends at (piece, row)
         self.shuffle, self.buffer_size, self.seed = shuffle, buffer_size if shuffle else 0, seed
         # ---- state
@@ -56,6 +57,7 @@ class ShardStream:
         self._docs_this_epoch = 0
         self._whole_epoch = True  # this process reads the current epoch from its start
         self.rows_taken = 0  # instrumentation: rows this process took from its pieces
+        self.passes.restore(shard, self.epoch + 1)
 
     def order(self, epoch: int) -> list[int]:
         """The pieces in the order epoch `epoch` reads them."""
@@ -78,13 +80,7 @@ class ShardStream:
                         )
                     self.epoch, self.cursor, self.row = self.epoch + 1, 0, -1
                     self._order, self._docs_this_epoch, self._whole_epoch = None, 0, True
-                    self.notices(
-                        f"data: logical shards wrapped around to epoch {self.epoch}",
-                        "data: logical shard %d wrapped around; epoch %d begins (the run sees its training data again)",
-                        self.shard,
-                        self.epoch,
-                        level=logging.INFO,
-                    )
+                    self.passes.begin(self.shard, self.epoch + 1)
                     continue
                 piece = self._order[self.cursor]
                 if self.row < 0:
@@ -153,3 +149,4 @@ class ShardStream:
         self.rng.bit_generator.state = saved["rng"]
         self._order, self._reader, self._docs_this_epoch = None, None, 0
         self._whole_epoch = self.cursor == 0 and self.row < 0
+        self.passes.restore(self.shard, self.epoch + 1)

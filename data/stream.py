@@ -343,6 +343,8 @@ def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[obj
                 f"data file '{piece.path}' has no field '{text_field}' "
                 f"(fields: {', '.join(pf.schema_arrow.names)}); set data.text_field"
             )
+        if start_row >= pf.metadata.row_group(piece.unit).num_rows:
+            return  # a resume at the group's end: the footer says so, reading the group would download it whole
         skipped = 0
         try:
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[piece.unit], columns=[text_field]):

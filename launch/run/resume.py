@@ -28,7 +28,7 @@ from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
 from launch.run.records import read_metrics
-from launch.run.run_dir import RunDir, strict_json
+from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
 from orscale.optim_config import ELEMENTWISE
 
 log = logging.getLogger("orscale")
@@ -194,21 +194,11 @@ def _check_param_groups(old: dict[str, Any], new: dict[str, Any]) -> None:
 
 def prepare_run_dir(run: RunDir, start_step: int) -> None:
     """Make metrics.jsonl continue at `start_step` with no duplicate steps (rank 0 only)."""
-    if not run.active or not run.metrics_path.exists():
-        return
-    if start_step == 0:  # a new start: keep the old file under a new name
-        kept = run.metrics_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-        os.replace(run.metrics_path, kept)
-        log.warning("previous metrics kept as %s", kept.name)
-        return
-    records, bad = read_metrics(run.metrics_path)
-    if bad:
-        log.warning(
-            "metrics.jsonl: dropped %d line(s) that do not parse (line %s; a write cut by a kill)",
-            len(bad),
-            ", ".join(map(str, bad[:5])),
-        )
-    keep = [r for r in records if isinstance(r, dict) and r.get("step", 0) <= start_step]
-    tmp = run.metrics_path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(strict_json(r), allow_nan=False) + "\n" for r in keep))
-    os.replace(tmp, run.metrics_path)
+    if run.active:
+        continue_at(run.metrics_path, start_step, _metric_lines)
+
+
+def _metric_lines(path: Path) -> StepLines:
+    records, bad = read_metrics(path)
+    lines = [(r.get("step", 0), json.dumps(strict_json(r), allow_nan=False)) for r in records if isinstance(r, dict)]
+    return lines, bad

@@ -1,4 +1,5 @@
-"""The run directory: resolved config, a run log with git commit and environment, metrics.jsonl.
+"""The run directory: resolved config, a run log with git commit and environment, metrics.jsonl,
+and the per-step logs' roll-back on a resume (`continue_at`: metrics.jsonl, windows_rank*.txt).
 
 Only rank 0 writes. Every run records what produced it (modded-nanogpt's habit), so a figure in
 a table can always be traced back to a commit and a config.
@@ -11,6 +12,9 @@ import importlib.util
 import json
 import logging
 import math
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,34 @@ def strict_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [strict_json(v) for v in value]
     return value
+
+
+# (step, line) for each entry of a per-step log, and the numbers of the lines that do not parse
+StepLines = tuple[list[tuple[int, str]], list[int]]
+
+
+def continue_at(path: Path, start_step: int, read: Callable[[Path], StepLines]) -> None:
+    """Make the per-step log `path` continue at `start_step` with no step twice: a new start (step 0)
+    keeps the old file under a new name; a resume keeps the lines of steps up to `start_step` (the
+    launch trains the later ones again) and drops those that do not parse (a write cut by a kill)."""
+    if not path.exists():
+        return
+    if start_step == 0:
+        kept = path.with_name(f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+        os.replace(path, kept)
+        log.warning("previous %s kept as %s", path.stem, kept.name)
+        return
+    entries, bad = read(path)
+    if bad:
+        log.warning(
+            "%s: dropped %d line(s) that do not parse (line %s; a write cut by a kill)",
+            path.name,
+            len(bad),
+            ", ".join(map(str, bad[:5])),
+        )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for step, line in entries if step <= start_step))
+    os.replace(tmp, path)
 
 
 class _Mirrors:
@@ -152,6 +184,17 @@ class WindowAudit:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = path.open("a")
 
+    @classmethod
+    def resume(cls, directory: Path, rank: int, world_size: int, start_step: int) -> WindowAudit:
+        """Rank `rank`'s audit, continuing at `start_step` as metrics.jsonl does (`continue_at`); rank 0
+        also rolls back the files of ranks beyond `world_size` (a run saved on more ranks), which no
+        other rank of this launch opens."""
+        for path in directory.glob("windows_rank*.txt"):
+            r = path.name.removeprefix("windows_rank").removesuffix(".txt")
+            if r.isdigit() and (int(r) == rank or (rank == 0 and int(r) >= world_size)):
+                continue_at(path, start_step, _window_lines)
+        return cls(directory / f"windows_rank{rank}.txt")
+
     def record(self, step: int, batch: torch.Tensor) -> None:
         if self._fh is not None:
             self._fh.writelines(f"{step} {hash(tuple(row.tolist()))}\n" for row in batch)
@@ -161,3 +204,14 @@ class WindowAudit:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def _window_lines(path: Path) -> StepLines:
+    entries, bad = [], []
+    for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
+            entries.append((int(fields[0]), line))
+        elif line.strip():
+            bad.append(i)
+    return entries, bad

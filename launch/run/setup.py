@@ -268,7 +268,11 @@ def setup_run(cfg: Config) -> Run:
         cfg.data.seq_len,
         f"resuming at step {state.step}" if state.step else "fresh start",
     )
-    audit = WindowAudit(run_dir.path / f"windows_rank{env.rank}.txt" if cfg.train.record_windows else None)
+    audit = (
+        WindowAudit.resume(run_dir.path, env.rank, env.world_size, state.step)
+        if cfg.train.record_windows
+        else WindowAudit(None)
+    )
     meter.restart_clock()  # the set-up (a checkpoint's load included) is not training throughput
     return Run(
         cfg,

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from launch.checkpoint import checkpointer as ckpt
 from launch.checkpoint.dcp_state import ModelAndOptimizers
@@ -107,13 +108,21 @@ def test_a_launcher_killed_during_start_up_takes_its_workers_along(tmp_path):
 
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
 def test_sigkill_then_auto_resume_is_bit_exact_one_process(tmp_path, optim):
-    common = [f"optim.name={optim}", "train.max_steps=8", "train.ckpt_every=3", "train.eval_every=4"]
+    common = [
+        f"optim.name={optim}",
+        "train.max_steps=8",
+        "train.ckpt_every=3",
+        "train.eval_every=4",
+        "train.record_windows=true",
+    ]
     run_train([f"run.dir={tmp_path / 'straight'}", *common])
     _kill_and_resume(tmp_path / "killed", common, nproc=1, kill_after=5)
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "killed")
     assert resumed == straight  # bit for bit, every step once
     steps = [m["step"] for m in metrics(tmp_path / "killed") if "train_loss" in m]
     assert steps == sorted(set(steps)), "duplicate steps in metrics.jsonl"
+    windows = [(d / "windows_rank0.txt").read_text() for d in (tmp_path / "killed", tmp_path / "straight")]
+    assert windows[0] == windows[1], "the window audit holds a step twice or misses one"
     vals = lambda d: [m["val_loss"] for m in metrics(d) if "val_loss" in m]
     assert vals(tmp_path / "killed") == vals(tmp_path / "straight")
 
@@ -216,6 +225,26 @@ def test_save_on_two_ranks_resume_on_one_sees_every_window_once(tmp_path):
     )
     ref_hashes = [line.split()[1] for line in (ref / "windows_rank0.txt").read_text().splitlines()]
     assert set(hashes) == set(ref_hashes)
+
+
+def test_a_resume_rolls_the_window_audit_back_to_its_step(tmp_path):
+    """A kill at step 37, a resume from 30: windows_rank*.txt holds steps 31-37 once, as metrics.jsonl
+    does; rank 0 also rolls back the file of a rank the resumed run no longer has; a new start keeps
+    the old files under new names."""
+    from launch.run.run_dir import WindowAudit
+
+    for rank in (0, 1):
+        lines = "".join(f"{step} {step * 10 + rank}\n" for step in range(1, 38))
+        (tmp_path / f"windows_rank{rank}.txt").write_text(lines + "38 3")  # the last line cut by the kill
+    audit = WindowAudit.resume(tmp_path, rank=0, world_size=1, start_step=30)
+    for step in range(31, 41):
+        audit.record(step, torch.full((1, 4), step))
+    audit.close()
+    steps = [[int(line.split()[0]) for line in (tmp_path / f"windows_rank{r}.txt").open()] for r in (0, 1)]
+    assert steps == [list(range(1, 41)), list(range(1, 31))], "the audit holds a step twice"
+    WindowAudit.resume(tmp_path, rank=0, world_size=1, start_step=0).close()
+    assert (tmp_path / "windows_rank0.txt").read_text() == "" and not (tmp_path / "windows_rank1.txt").exists()
+    assert len(list(tmp_path.glob("windows_rank[01].*.txt"))) == 2
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
