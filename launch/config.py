@@ -26,7 +26,7 @@ import yaml
 from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
-from launch.nested import deep_merge, load_yaml, set_dotted, yaml_problem
+from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
 from models.presets import ModelConfig
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
@@ -247,7 +247,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key '{full}' (valid keys here: {', '.join(sorted(names))})")
+            raise ConfigError(unknown_key("config key", str(key), sorted(names), prefix))
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):

@@ -13,9 +13,11 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -84,17 +86,41 @@ def export_hf(
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with _no_deepspeed_probe():
+            model.save_pretrained(tmp, safe_serialization=True)
         hf_tok.save_pretrained(tmp)
         # 5.x writes "TokenizersBackend", a name 4.x readers lack; the classic name loads in both.
         tc = tmp / "tokenizer_config.json"
         tc.write_text(
             json.dumps({**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
         )
+        # safetensors writes the weights through a temporary file (0600) renamed into place: give them
+        # the mode the umask gave the files written plainly (config.json), as every other file has.
+        mode = stat.S_IMODE((tmp / "config.json").stat().st_mode)
+        for path in tmp.iterdir():
+            path.chmod(mode)
         _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@contextmanager
+def _no_deepspeed_probe() -> Iterator[None]:
+    """save_pretrained unwraps the model through accelerate, which imports DeepSpeed when it is installed
+    to test for its engine wrapper: ours is a plain module, and the import costs ~1 s and, without a
+    GPU, DeepSpeed's "Setting accelerator to CPU" warning."""
+    try:
+        from accelerate.utils import other
+    except ImportError:  # no accelerate: transformers unwraps by itself, without DeepSpeed
+        yield
+        return
+    probe = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = probe
 
 
 def _publish(tmp: Path, out: Path) -> None:

@@ -1,9 +1,11 @@
 """Nested dicts addressed by dotted keys (`optim.lr`), and the YAML reading every config file goes
-through: the one place for lookup, assignment, merge and flattening."""
+through: the one place for lookup, assignment, merge, flattening and the line for an unknown key."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -69,6 +71,15 @@ def pop_dotted(tree: dict[str, Any], dotted: str) -> None:
     node = dotted_get(tree, ".".join(parents), None) if parents else tree
     if isinstance(node, dict):
         node.pop(last, None)
+
+
+def unknown_key(what: str, key: str, valid: Sequence[str], section: str = "") -> str:
+    """The one-line error for a `key` of `section` (a dotted prefix, "optim.") that is none of
+    `valid`: the closest valid one first when one is close (a typo: `optim.nmae` -> `optim.name`),
+    then all of them."""
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{section}{close[0]}'?" if close else ""
+    return f"unknown {what} '{section}{key}'{hint} (valid keys here: {', '.join(valid)})"
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """What a run says while it trains, on rank 0: a progress bar on a terminal (train.progress); else
 (every Slurm job, a pipe to a file, train.progress=false) one line per `train.log_every` steps, as
-torchtitan prints them: step, loss, LR, gradient norm, tokens/s, MFU where known, ETA."""
+torchtitan prints them: step, loss, LR, gradient norm, tokens/s, MFU where known, ETA (from the end of
+this launch's first step on: none on the first line)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ class Progress:
         self.total, self.start, self.step = total, start, start
         self.enabled = enabled
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
-        self._t0 = time.perf_counter()
+        # (time, step) at the end of this launch's first step: the ETA's rate leaves that step out, as it
+        # holds the start-up (compilation, the first data read), which made step 1's ETA 5x too long.
+        self._since: tuple[float, int] | None = None
         self._bar: Any = None
         if enabled and bar and self.terminal:
             from tqdm import tqdm
@@ -36,8 +39,10 @@ class Progress:
 
     def line(self, record: dict[str, Any]) -> str:
         """The log line of a training record (metrics.jsonl's training line)."""
-        done = record["step"] - self.start
-        eta = (time.perf_counter() - self._t0) / done * (self.total - record["step"]) if done > 0 else math.nan
+        eta: float | None = None
+        if self._since is not None and record["step"] > self._since[1]:
+            t, step = self._since
+            eta = (time.perf_counter() - t) / (record["step"] - step) * (self.total - record["step"])
         mfu, causal = record.get("mfu"), record.get("mfu_causal")
         shown = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
         parts = [
@@ -47,7 +52,7 @@ class Progress:
             f"grad {record['grad_norm']:.3g}",
             f"{record['tokens_per_s']:,.0f} tok/s",
             f"MFU {100 * mfu:.1f}%" + (f" ({100 * causal:.1f}% causal)" if shown(causal) else "") if shown(mfu) else "",
-            f"ETA {_duration(eta)}",
+            f"ETA {_duration(eta)}" if eta is not None else "",
         ]
         return " | ".join(p for p in parts if p)
 
@@ -61,6 +66,9 @@ class Progress:
             log.info("%s", self.line(record))
 
     def update(self, step: int) -> None:
+        """`step` has ended (its evaluation included)."""
+        if self._since is None:
+            self._since = (time.perf_counter(), step)
         if self._bar is not None:
             self._bar.update(step - self.step)
         self.step = step

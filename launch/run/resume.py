@@ -50,10 +50,9 @@ MUST_MATCH = (
     "config.data.shuffle_buffer",
     "config.data.seed",
 )
-# Changing these is routine (extend a run, log more often): no warning.
-HARMLESS = (
+# Changing these is routine (log more often, read ahead further): still the same run, and no warning.
+QUIET = (
     "config.run.",
-    "config.train.max_steps",
     "config.train.log_every",
     "config.train.eval_every",
     "config.train.ckpt_every",
@@ -65,6 +64,9 @@ HARMLESS = (
     "config.parallel.compile",
     "config.parallel.reshard_after_forward",
 )
+# Still the same run (extend it), but a resume lists it among the changed settings: max_steps moves the
+# end of the LR schedule, so the resumed steps get other LRs than the checkpoint's run would have.
+HARMLESS = (*QUIET, "config.train.max_steps")
 
 
 def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
@@ -166,7 +168,7 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> N
             f"{new.get(key)!r}; keep it the same or start a new run.dir"
         )
     _check_param_groups(old, new)
-    routine = [k for k in changed if not any(k.startswith(h) for h in HARMLESS)]
+    routine = [k for k in changed if not any(k.startswith(h) for h in QUIET)]
     if routine:
         log.warning(
             "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)

@@ -53,6 +53,9 @@ def run_local(cell: Cell, nproc: int) -> int:
     if in_process(cell, nproc):
         from launch.loop import main as train_main  # imported once, reused for every cell
 
+        # run.log records sys.argv as the run's command: the cell's own (`python train.py ...` as
+        # `sys.argv` has it), which re-runs it from the project root; the sweep's argv would not.
+        sweep_argv, sys.argv = sys.argv, argv[1:]
         try:
             return int(train_main(["--config", str(ROOT / cell.base), *cell.overrides, *extra]))
         except SystemExit as err:  # argparse inside train.main
@@ -60,6 +63,8 @@ def run_local(cell: Cell, nproc: int) -> int:
         except Exception as err:  # a crashing cell must not stop the sweep
             print(f"  {cell.id}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1
+        finally:
+            sys.argv = sweep_argv
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run([*argv, *extra], cwd=ROOT, env=env).returncode
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from launch.nested import unknown_key
 from launch.sweep.spec_values import fail as _fail
 from launch.sweep.spec_values import lrs as _lrs
 
@@ -36,7 +37,7 @@ def parse_search(raw: Any) -> LrSearch | None:
         _fail(f"'lr_search' must be a mapping with a 'seed' (and optional max_extra, factor), got {raw!r}")
     bad = sorted(set(map(str, raw)) - set(SEARCH_KEYS))
     if bad:
-        _fail(f"unknown lr_search key '{bad[0]}' (valid: {', '.join(SEARCH_KEYS)})")
+        _fail(unknown_key("lr_search key", bad[0], SEARCH_KEYS))
     seed, extra, factor = raw["seed"], raw.get("max_extra", 2), raw.get("factor")
     if not isinstance(seed, int) or isinstance(seed, bool):
         _fail(f"lr_search.seed must be an integer, got {seed!r}")
@@ -61,7 +62,7 @@ def _adamw_search(raw: Any) -> tuple[tuple[float, ...], int]:
         _fail(f"lr_search.adamw_lr must be a mapping with 'ratios' (and optional rounds), got {raw!r}")
     bad = sorted(set(map(str, raw)) - set(ADAMW_SEARCH_KEYS))
     if bad:
-        _fail(f"unknown lr_search.adamw_lr key '{bad[0]}' (valid: {', '.join(ADAMW_SEARCH_KEYS)})")
+        _fail(unknown_key("lr_search.adamw_lr key", bad[0], ADAMW_SEARCH_KEYS))
     ratios = _lrs(raw["ratios"], "lr_search.adamw_lr.ratios")
     if any(math.isclose(r, 1.0) for r in ratios):
         _fail("lr_search.adamw_lr.ratios: 1 is the shared protocol's point, already run; list the others")

@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from data.paths import PROJECT_ROOT as ROOT
-from launch.nested import dotted_get, load_yaml, yaml_problem
+from launch.nested import dotted_get, load_yaml, unknown_key, yaml_problem
 from launch.sweep.search_spec import LrSearch, parse_search
 from launch.sweep.spec_values import SpecError as SpecError  # raised here; callers catch it from spec
 from launch.sweep.spec_values import fail as _fail
@@ -291,7 +291,7 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(f"sweep file '{path}' must hold a mapping (base, runs_dir, scales, optimizers, lrs, seeds)")
     unknown = sorted(set(map(str, doc)) - set(TOP_KEYS))
     if unknown:
-        _fail(f"unknown sweep key '{unknown[0]}' (valid: {', '.join(TOP_KEYS)})")
+        _fail(unknown_key("sweep key", unknown[0], TOP_KEYS))
     for key in ("base", "runs_dir", "scales", "optimizers"):
         if key not in doc:
             _fail(f"sweep file '{path}' lacks '{key}'")
@@ -313,7 +313,7 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(f"'slurm' must be a mapping ({', '.join(SLURM_KEYS)}), got {slurm!r}")
     bad = sorted(set(map(str, slurm)) - set(SLURM_KEYS))
     if bad:
-        _fail(f"unknown slurm key '{bad[0]}' (valid: {', '.join(SLURM_KEYS)})")
+        _fail(unknown_key("slurm key", bad[0], SLURM_KEYS))
 
     search = parse_search(doc.get("lr_search"))
     sweep = Sweep(path=path, runs_dir=runs_dir, seeds=list(seeds), search=search, slurm=slurm)

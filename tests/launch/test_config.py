@@ -62,6 +62,28 @@ def test_bad_values_are_one_line_errors_naming_the_key(override, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "override, key, hint",
+    [
+        ("optim.nmae=adamw", "optim.nmae", "did you mean 'optim.name'?"),
+        ("train.max_step=3", "train.max_step", "did you mean 'train.max_steps'?"),
+        ("trainer.max_steps=1", "trainer", "did you mean 'train'?"),  # a section
+        ("parallel.backnd=ddp", "parallel.backnd", "did you mean 'parallel.backend'?"),
+    ],
+)
+def test_an_unknown_key_names_the_closest_valid_one(override, key, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, [override])
+    message = str(err.value)
+    assert message.startswith(f"unknown config key '{key}'") and hint in message and "\n" not in message, message
+
+
+def test_an_unknown_key_like_none_gets_no_guess():
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, ["optim.zzzzzz=1"])
+    assert "did you mean" not in str(err.value) and "name" in str(err.value)  # the valid keys, still listed
+
+
 def test_missing_or_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "nope.yaml"))

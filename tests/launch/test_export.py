@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +125,42 @@ def test_exported_files_and_config(exported):
         keys = set(f.keys())
     assert "lm_head.weight" not in keys  # tied: stored once
     assert len(keys) == 2 + 8 * model.cfg.n_layer  # embedding, final norm; q k v o up down + 2 norms
+
+
+def test_exported_files_all_get_the_umasks_mode(exported):
+    """safetensors writes the weights through a temporary file (0600) renamed into place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in exported[1].iterdir()}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~10 s
+def test_export_does_not_import_deepspeed(tmp_path):
+    """save_pretrained unwraps the model through accelerate, which imported DeepSpeed (when installed)
+    to test for its wrapper: ~1 s, and "Setting accelerator to CPU" on a machine without a GPU. In
+    a process of its own: this one may have imported DeepSpeed already."""
+    from tests.helpers import env
+
+    code = (
+        "import sys\n"
+        "from tests.launch.test_export import GPT2, export_hf, random_gpt\n"
+        "model = random_gpt()\n"
+        f"export_hf(model.state_dict(), model.cfg, GPT2, {str(tmp_path / 'hf')!r})\n"
+        "print('deepspeed' in sys.modules)\n"
+    )
+    environ = {k: v for k, v in env().items() if k != "DS_ACCELERATOR"}  # as a user runs it
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr  # DeepSpeed's logger writes to stdout
+    assert proc.stdout.split()[-1:] == ["False"] and "Setting accelerator" not in said, said
+
+
+def test_the_readmes_export_directory_is_ignored_by_git():
+    """README's example writes exports/tiny-hf: model weights, nothing to commit."""
+    assert "exports/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_exported_tokenizer(exported):

@@ -105,6 +105,9 @@ def test_sweep_runs_resumes_and_skips(mini, capsys):
     assert not list(resumed.glob("metrics.*.jsonl"))  # no restart (run.overwrite keeps old metrics aside)
     train_steps = [m["step"] for m in read_lines(resumed) if "train_loss" in m]
     assert train_steps == [1, 2, 3, 4]
+    # Each launch of the cell logged the cell's own command, not the sweep's (which ran it in-process).
+    logged = [line.split(" environment: ", 1)[1] for line in (resumed / "run.log").open() if " environment: " in line]
+    assert [json.loads(x)["argv"][:2] for x in logged] == [["train.py", "--config"]] * 2, logged
     capsys.readouterr()
     assert sweep.main([str(mini["spec"])]) == 0  # everything finished: all skipped
     out = capsys.readouterr().out
@@ -231,7 +234,7 @@ def test_submit_writes_job_scripts_and_calls_sbatch(tmp_path, monkeypatch, capsy
         ("base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [fast]", "not a number"),
         (
             "base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [1e-3]\nseed: [1]",
-            "unknown sweep key 'seed'",
+            "unknown sweep key 'seed'; did you mean 'seeds'?",
         ),
         (
             "base: configs/tiny.yaml\nruns_dir: r\nscales: [tiny]\noptimizers: [adamw]\nlrs: [1e-3]\n"
@@ -261,6 +264,30 @@ def test_ready_sweep_files():
         assert {g.optim for g in s.groups if g.lr_from_optim == "muon_moonlight"} == {"orscale_lm_transfer"}, path
     mini = load_sweep(ROOT / "configs/sweeps/cpu_mini.yaml")
     assert len(mini.cells) == 24 and all(jobs.in_process(c, 1) for c in mini.cells)
+
+
+def test_a_cell_run_in_process_logs_its_own_train_py_command(tmp_path, monkeypatch):
+    """run.log records sys.argv as the run's command: a cell run in the sweep's process records its own
+    `python train.py ...` (from the project root), resolving to the cell's config; not the sweep's."""
+    from launch import loop
+    from launch.config import load_config
+    from launch.run.provenance import environment
+
+    cell = load_sweep(write_sweep(tmp_path / "s.yaml", tmp_path / "runs")).cells[0]
+    seen = {}
+
+    def fake_train(argv):
+        seen["argv"], seen["logged"] = argv, environment()["argv"]
+        return 0
+
+    monkeypatch.setattr(loop, "main", fake_train)
+    sweep_argv = ["launch/sweep/__main__.py", str(tmp_path / "s.yaml"), "--jobs", "1"]
+    monkeypatch.setattr(sys, "argv", list(sweep_argv))
+    assert jobs.run_local(cell, 1) == 0 and sys.argv == sweep_argv  # the sweep's own again
+    assert (logged := seen["logged"])[:3] == ["train.py", "--config", cell.base], logged
+    monkeypatch.chdir(ROOT)
+    args, ran = loop.parse_args(logged[1:]), loop.parse_args(seen["argv"])
+    assert load_config(args.config, args.overrides) == load_config(ran.config, ran.overrides)
 
 
 # ---- synthetic logs: statistics, fits, unfinished/diverged runs
