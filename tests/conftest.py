@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,31 @@ def data_config(**kw):
     )
     base.update(kw)
     return DataConfig(**base)
+
+
+# ------------------------------------------------------------------ the tiers
+# The fast loop (`pytest -m "not slow"`) starts no process: a test that launches Python (train.py,
+# torchrun, a worker) or uses the pool of ranks is marked `slow`. Checked, not just agreed.
+def _is_python(args: object) -> bool:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
+    first = os.fspath(argv[0]) if argv else ""
+    return first == sys.executable or Path(str(first)).name.startswith(("python", "torchrun"))
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("bench"):
+        yield
+        return
+    import tests.pool
+
+    real = subprocess.Popen.__init__
+
+    def refuse_python(self, args, *rest, **kwargs):
+        if _is_python(args):
+            raise RuntimeError(f"{request.node.nodeid} starts a Python process but is not marked slow")
+        real(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_python)
+    monkeypatch.setattr(tests.pool, "FAST_TEST", request.node.nodeid)
+    yield

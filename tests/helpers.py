@@ -67,12 +67,14 @@ def launch_cmd(script: Path, args: list[str], nproc: int = 1) -> list[str]:
     """`python SCRIPT ARGS`, or the same under torchrun with `nproc` CPU processes."""
     if nproc == 1:
         return [sys.executable, str(script), *args]
+    # --standalone: the rendezvous store binds a port the kernel hands it; a port picked here and
+    # bound by torchrun seconds later can be taken meanwhile (a gloo connection's ephemeral port).
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}",
         str(script),
         *args,
     ]
@@ -107,16 +109,34 @@ def run_train(
     return proc
 
 
-def run_many(runs: list[list[str]], nproc: int = 1, timeout: int = 900, environ: dict[str, str] | None = None) -> None:
-    """Several runs (each a list of overrides, as for `run_train`) one after another in ONE launch
-    (`tests/launch/runs_worker.py`): the process start-up is paid once, not once per run."""
+def run_many(
+    runs: list[list[str]], nproc: int = 1, timeout: int = 900, environ: dict[str, str] | None = None
+) -> list[dict]:
+    """Several runs (each a list of overrides, as for `run_train`) one after another in the session's
+    pool of `nproc` ranks (tests/pool.py: the trainer's `train(cfg)`, no launch). With `environ` (an
+    environment the processes must start with, e.g. the stand-in Hub's `HF_ENDPOINT`, read at
+    import), in one real launch instead (`tests/launch/runs_worker.py`). Returns each run's result
+    (rank 0's), or nothing from a real launch."""
+    argvs = [["--config", TINY, *SMALL, *overrides] for overrides in runs]
+    if environ is None:
+        from tests.pool import rank_pool
+        from tests.pool_jobs import train_runs
+
+        return rank_pool(nproc).run(train_runs, argvs, group=nproc > 1, timeout=timeout)[0]
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "runs.json"
-        spec.write_text(json.dumps([["--config", TINY, *SMALL, *overrides] for overrides in runs]))
+        spec.write_text(json.dumps(argvs))
         cmd = launch_cmd(ROOT / "tests/launch/runs_worker.py", [str(spec)], nproc)
-        proc = subprocess.run(cmd, cwd=ROOT, env=environ or env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"runs_worker.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return []
+
+
+def train_in_pool(overrides: list[str], nproc: int = 1, timeout: int = 900) -> dict:
+    """One run as `run_train` makes it, in the session's pool of `nproc` ranks (no launch): for runs
+    whose launch is not what a test checks. Returns rank 0's `train(cfg)` result."""
+    return run_many([overrides], nproc, timeout)[0]
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -9,8 +9,9 @@ processes once per test session (`tests/pool_worker.py`: torch and the project i
 
 `fn` is any module-level function (pickled by name; the worker imports its module). By default each
 job runs inside a fresh default process group (gloo, one per job, destroyed after it); with
-`group=False` (one rank only) it runs with none, as a plain `python train.py` of backend `none`
-does. A job leaves nothing behind for the next: the worker restores the environment, working
+`group=False` it runs with none, as a plain `python train.py` of backend `none` does (on a pool of
+n ranks: n independent processes, each told its index by `POOL_RANK`, e.g. two runs side by side).
+A job leaves nothing behind for the next: the worker restores the environment, working
 directory, signal handlers, logging, thread count, RNG seeds, torch.compile's caches and the
 process-group timeouts after every job (`tests/pool_worker.py`).
 
@@ -39,7 +40,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, env, free_port
+from tests.helpers import ROOT, env
 
 START_TIMEOUT_S = 120.0
 JOB_TIMEOUT_S = 600.0
@@ -78,13 +79,11 @@ class RankPool:
         authkey = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         host, port = listener.address
-        master_port = free_port()
         environ = env()
         environ["ORSCALE_POOL_AUTHKEY"] = authkey.hex()
         self._logs = [Path(self._tmp.name) / f"rank{r}.log" for r in range(self.nproc)]
         for rank in range(self.nproc):
             cmd = [sys.executable, "-m", "tests.pool_worker", host, str(port), str(rank), str(self.nproc)]
-            cmd.append(str(master_port))
             with open(self._logs[rank], "wb") as log:
                 self._procs.append(
                     subprocess.Popen(cmd, cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -107,10 +106,14 @@ class RankPool:
                 if isinstance(got, BaseException):
                     raise got
                 conns[got.recv()] = got
-            for conn in conns.values():  # "ready": torch and the project imported
+            ordered = [conns[r] for r in range(self.nproc)]
+            for i, conn in enumerate([ordered[0], *ordered]):  # rank 0's store port, then "ready" from all
                 if not conn.poll(max(0.1, deadline - time.monotonic())):
                     raise TimeoutError("a pool worker did not get ready")
-                conn.recv()
+                got = conn.recv()
+                if i == 0:
+                    for other in ordered[1:]:
+                        other.send(got)
         except BaseException as err:
             listener.close()
             tails = "\n".join(f"--- rank {r}:\n{_tail(p)}" for r, p in enumerate(self._logs))
@@ -161,8 +164,6 @@ class RankPool:
     ) -> list[RankResult]:
         """`fn(*args, **kwargs)` on every rank; each rank's RankResult, errors included. Raises
         PoolJobError only when the job timed out or a worker died."""
-        if group is False and self.nproc > 1:
-            raise ValueError("a job without a process group runs on a 1-rank pool")
         if not self.alive:
             self._kill()
             self._start()
@@ -197,13 +198,18 @@ class RankPool:
             raise PoolJobError(_describe(f"{_name(fn)} timed out after {timeout:g} s", ordered))
         return ordered
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """`fn(*args, **kwargs)` on every rank; the values by rank. PoolJobError (an AssertionError,
-        so the test fails with it) naming every rank's error and log tail if any rank raised."""
+    def run_results(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[RankResult]:
+        """`fn(*args, **kwargs)` on every rank; each rank's RankResult (its value and log tail).
+        PoolJobError (an AssertionError, so the test fails with it) naming every rank's error and
+        log tail if any rank raised."""
         results = self.run_raw(fn, *args, **kwargs)
         if any(r.error for r in results):
             raise PoolJobError(_describe(f"{_name(fn)} failed", results))
-        return [r.value for r in results]
+        return results
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """As `run_results`, the values by rank."""
+        return [r.value for r in self.run_results(fn, *args, **kwargs)]
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -231,10 +237,13 @@ def _tail(path: Path, offset: int = 0, limit: int = 8000) -> str:
 
 
 _POOLS: dict[int, RankPool] = {}
+FAST_TEST: str | None = None  # set by tests/conftest.py while a test of the fast loop runs
 
 
 def rank_pool(nproc: int) -> RankPool:
     """The session's pool of `nproc` ranks (1, 2 or 4), started on first use."""
+    if FAST_TEST is not None:
+        raise RuntimeError(f"{FAST_TEST} uses the pool of ranks but is not marked slow")
     if nproc not in _POOLS:
         _POOLS[nproc] = RankPool(nproc)
     return _POOLS[nproc]

@@ -22,11 +22,10 @@ def train_runs(argvs: list[list[str]]) -> list[dict[str, Any]]:
     return out
 
 
-def train_main(argv: list[str]) -> int:
-    """`python train.py ARGV` up to its exit status (user errors become one line and status 2)."""
-    from launch.loop import main
-
-    return main(argv)
+def train_runs_side_by_side(argvs_by_rank: list[list[list[str]]]) -> list[dict[str, Any]]:
+    """Pool rank r runs `train_runs(argvs_by_rank[r])`, each in a process of its own and no group
+    (run with group=False): independent runs two at a time on two cores."""
+    return train_runs(argvs_by_rank[int(os.environ["POOL_RANK"])])
 
 
 def train_error(argv: list[str]) -> str | None:

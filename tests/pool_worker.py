@@ -1,7 +1,7 @@
 """One rank of `tests.pool.RankPool`: imports torch and the project once, then runs the jobs it is
 sent, each in a process group of its own, and puts the process back as it found it after each.
 
-    python -m tests.pool_worker HOST PORT RANK NPROC MASTER_PORT      (started by tests/pool.py)
+    python -m tests.pool_worker HOST PORT RANK NPROC      (started by tests/pool.py)
 """
 
 from __future__ import annotations
@@ -164,9 +164,10 @@ def _run_job(
 
 def main() -> None:
     _die_with_parent()
-    host, port, rank, nproc, master_port = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:6])
+    host, port, rank, nproc = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:5])
     conn = Client((host, port), authkey=bytes.fromhex(os.environ.pop("ORSCALE_POOL_AUTHKEY")))
     conn.send(rank)
+    os.environ["POOL_RANK"] = str(rank)  # which rank of the pool this is, with or without a group
     import torch  # noqa: F401  # the imports every job needs, paid once
     import torch.distributed as dist
 
@@ -176,7 +177,13 @@ def main() -> None:
     global PRISTINE
     PRISTINE = _module_globals()
 
-    store = dist.TCPStore("127.0.0.1", master_port, nproc, is_master=rank == 0, timeout=GROUP_TIMEOUT)
+    # Rank 0's store takes a port the kernel hands it (port 0) and says which: a port chosen first
+    # and bound later can be taken in between (another launch, a gloo connection's ephemeral port).
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, timeout=GROUP_TIMEOUT, wait_for_workers=False)
+        conn.send(store.port)
+    else:
+        store = dist.TCPStore("127.0.0.1", conn.recv(), nproc, is_master=False, timeout=GROUP_TIMEOUT)
     conn.send("ready")
     job = 0
     while True:

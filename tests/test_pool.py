@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from tests.pool import PoolJobError, rank_pool
 
+pytestmark = pytest.mark.slow  # starts pools of processes
+
 
 def _rank_and_sum() -> tuple[int, int, float]:
     t = torch.tensor([float(dist.get_rank() + 1)])

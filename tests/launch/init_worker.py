@@ -1,23 +1,15 @@
-"""Initial weights under each backend (run under torchrun, 2 CPU ranks): rank 0 saves the full
-state dict that FSDP2 (meta-device build), DDP and DeepSpeed ZeRO-2 start from, for
-tests/launch/test_distributed.py to compare, bit for bit, with a single-process `GPT(cfg, seed)`.
-
-    python -m torch.distributed.run --nproc_per_node=2 tests/launch/init_worker.py --out init.pt
-"""
+"""Initial weights under each backend (a job for 2 ranks of the pool, tests/pool.py): the full state
+dicts that FSDP2 (meta-device build), DDP and DeepSpeed ZeRO-2 start from, for
+tests/launch/test_distributed.py to compare, bit for bit, with a single-process `GPT(cfg, seed)`."""
 
 from __future__ import annotations
-
-import argparse
-from pathlib import Path
 
 import torch
 
 from launch.config import Config
 from launch.engine.parallelize import build_model
-from launch.runtime.process_group import init_distributed, shutdown
+from launch.runtime.process_group import init_distributed
 from models import get_preset
-
-ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = dict(n_layer=2, d_model=64, n_head=4, max_seq_len=32, vocab_size=50257, center_mlp=True)
 SEED = 11
@@ -30,10 +22,8 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in sd.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+def initial_states() -> dict[str, dict[str, torch.Tensor]] | None:
+    """{backend: full initial state dict} on rank 0 (None on the others)."""
     cfg = Config()
     cfg.parallel.backend = "fsdp"
     cfg.train.device = "cpu"
@@ -52,10 +42,4 @@ def main() -> None:
         get_preset("tiny", **zero_model), cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps=1
     )
     results["zero2"] = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
-    if env.rank == 0:
-        torch.save(results, args.out)
-    shutdown()
-
-
-if __name__ == "__main__":
-    main()
+    return results if env.rank == 0 else None

@@ -14,7 +14,8 @@ import yaml
 
 from launch.checkpoint import latest_checkpoint, load_model_weights
 from models import GPT, get_preset
-from tests.helpers import ROOT, SMALL, TINY, env, free_port, metrics, run_many, run_train, train_cmd, train_losses
+from tests.helpers import ROOT, SMALL, TINY, env, free_port, metrics, run_many, train_cmd, train_losses
+from tests.pool import rank_pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -164,10 +165,8 @@ def test_two_to_one_resume_continues_the_one_process_trajectory(tmp_path_factory
     the losses of all 6 steps and the final weights equal the 1-process run's (issue 13)."""
     single = _single(tmp_path_factory, single_runs, optim)
     run_dir = tmp_path_factory.mktemp(f"two-to-one-{optim}")
-    run_train(
-        [f"run.dir={run_dir}", *_optim_args(optim), "parallel.backend=fsdp", *EQUAL, "train.max_steps=3"], nproc=2
-    )
-    run_train([f"run.dir={run_dir}", *_optim_args(optim), *EQUAL])
+    run_many([[f"run.dir={run_dir}", *_optim_args(optim), "parallel.backend=fsdp", *EQUAL, "train.max_steps=3"]], 2)
+    run_many([[f"run.dir={run_dir}", *_optim_args(optim), *EQUAL]])
     assert_close_runs(single, run_dir, weight_rtol=_weight_rtol(optim))
 
 
@@ -199,23 +198,35 @@ def test_accelerate_launch_runs_fsdp_on_two_cpu_processes(tmp_path):
     assert sorted(train_losses(tmp_path)) == [1, 2]
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["parallel.backend=ddp", "train.micro_batch_size=3"], "not a multiple"),
-        (["parallel.backend=none"], "parallel.backend=none"),
-        (["parallel.backend=fsdp", "data.logical_shards=1"], "multiple of the world size"),
-        (["parallel.backend=ddp", "train.device=cuda"], "no CUDA device"),
-        # rank 0 decides, after taking the run dir's lock: the lock and the dir it made are removed
-        (["parallel.backend=ddp", "run.resume=/nonexistent/step_00000002"], "is not a complete checkpoint"),
-    ],
-)
-def test_launch_errors_are_one_line_from_rank_zero_and_no_rank_hangs(tmp_path, overrides, message):
-    """Under plain torchrun too: the error line is the first line of the output (torchrun's traceback
-    and report follow it), says which launcher prints it alone, and is the report's root cause."""
+# Each refusal on 2 ranks: the same line on every rank, and no rank left waiting for another.
+LAUNCH_ERRORS = [
+    (["parallel.backend=ddp", "train.micro_batch_size=3"], "not a multiple"),
+    (["parallel.backend=none"], "parallel.backend=none"),
+    (["parallel.backend=ddp", "train.device=cuda"], "no CUDA device"),
+    # rank 0 decides, after taking the run dir's lock: the lock and the dir it made are removed
+    (["parallel.backend=ddp", "run.resume=/nonexistent/step_00000002"], "is not a complete checkpoint"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", LAUNCH_ERRORS)
+def test_launch_errors_are_the_same_line_on_every_rank_and_no_rank_hangs(tmp_path, overrides, message):
+    from tests.pool_jobs import train_error
+
+    argv = ["--config", TINY, *SMALL, f"run.dir={tmp_path / 'run'}", *overrides]
+    errors = rank_pool(2).run(train_error, argv, timeout=120)
+    assert errors[0] == errors[1] and errors[0] is not None and message in errors[0]
+    assert "\n" not in errors[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_launch_error_under_torchrun_is_the_first_line_and_the_reports_root_cause(tmp_path):
+    """The console plumbing under plain torchrun, once (every refusal above takes the same path):
+    both ranks refuse before any process group exists, rank 1 possibly first; the error line is
+    the first line of the output (torchrun's traceback and report follow it), says which launcher
+    prints it alone, and is the report's root cause."""
     start = time.time()
     proc = subprocess.run(
-        train_cmd([f"run.dir={tmp_path / 'run'}", *overrides], nproc=2),
+        train_cmd([f"run.dir={tmp_path / 'run'}", "parallel.backend=fsdp", "data.logical_shards=1"], nproc=2),
         cwd=ROOT,
         env=env(),
         capture_output=True,
@@ -224,7 +235,7 @@ def test_launch_errors_are_one_line_from_rank_zero_and_no_rank_hangs(tmp_path, o
     )
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert len(errors) == 1 and "multiple of the world size" in errors[0], proc.stderr[-2000:]
     assert proc.stderr.splitlines()[0] == errors[0], proc.stderr[-2000:]
     assert errors[0].endswith("; python -m launch.launcher prints this line alone)")
     assert f"traceback : {errors[0]}" in proc.stderr  # the root cause of torchrun's report
@@ -232,25 +243,12 @@ def test_launch_errors_are_one_line_from_rank_zero_and_no_rank_hangs(tmp_path, o
     assert not (tmp_path / "run").exists()
 
 
-def test_initial_weights_are_bit_identical_on_every_backend(tmp_path):
+def test_initial_weights_are_bit_identical_on_every_backend():
     """Per-tensor seeded init: FSDP2 on the meta device (each rank fills only its shards), DDP and
     ZeRO-2 start from exactly the single-process weights (issue 13)."""
     from tests.launch import init_worker as iw
 
-    out = tmp_path / "init.pt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        str(ROOT / "tests/launch/init_worker.py"),
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(out, weights_only=True)
+    got = rank_pool(2).run(iw.initial_states)[0]
     for backend, kw in (("fsdp", iw.MODEL), ("ddp", iw.MODEL), ("zero2", dict(iw.MODEL, center_mlp=False))):
         ref = GPT(get_preset("tiny", **kw), seed=iw.SEED).state_dict()
         assert got[backend].keys() == ref.keys(), backend

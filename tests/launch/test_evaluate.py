@@ -32,7 +32,7 @@ from launch.run.downstream import (
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT
 from models.presets import get_preset
-from tests.helpers import ROOT, metrics, run_train
+from tests.helpers import ROOT, SMALL, TINY, metrics
 
 GPT2 = str(ROOT / "assets/tokenizers/gpt2")
 OVERRIDES = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.max_seq_len=64", "data.seq_len=64"]
@@ -199,8 +199,12 @@ def loop_runs(tmp_path_factory):
 
 
 def _launch(run_dir: Path, nproc: int, backend: str) -> list[dict]:
-    proc = run_train([*LOOP, f"run.dir={run_dir}", f"parallel.backend={backend}"], nproc=nproc, timeout=300)
-    assert "eval arc_easy (0-shot) acc" in proc.stderr  # one log line per task
+    from tests.pool import rank_pool
+    from tests.pool_jobs import train_runs
+
+    argv = ["--config", TINY, *SMALL, *LOOP, f"run.dir={run_dir}", f"parallel.backend={backend}"]
+    rank0 = rank_pool(nproc).run_results(train_runs, [argv], group=nproc > 1, timeout=300)[0]
+    assert "eval arc_easy (0-shot) acc" in rank0.log  # one log line per task
     return [m for m in metrics(run_dir) if any(k.startswith("eval/") for k in m)]
 
 

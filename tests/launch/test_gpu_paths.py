@@ -3,15 +3,12 @@ model) against eager, fused AdamW against foreach, parallel.reshard_after_forwar
 checkpointing with meta init (trained and resumed), FSDP2's bf16-parameter policy on 2 gloo ranks.
 
 Compiled paths run with torch.compile's `aot_eager` backend: the same Dynamo graphs and AOT
-autograd as on a GPU, without generating kernels. Run as a script, this file is the 1-process
-FSDP2 worker of `test_fsdp2_compiled_blocks_and_model_match_eager`.
+autograd as on a GPU, without generating kernels. The FSDP2 and multi-rank runs go to the pool of
+ranks (tests/pool.py).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +23,8 @@ from launch.runtime.process_group import DistEnv
 from models import get_preset
 from orscale import OptimConfig, build_optimizers
 from orscale.factories import adamw_implementation
-from tests.helpers import ROOT, env, run_train, train_losses
+from tests.helpers import train_in_pool, train_losses
+from tests.pool import rank_pool
 
 MODEL = dict(n_layer=2, d_model=32, n_head=2, max_seq_len=32, vocab_size=512)
 
@@ -164,7 +162,7 @@ def fsdp_runs(tmp_path_factory) -> Callable[[str, list[str]], Path]:
     def run(name: str, overrides: list[str]) -> Path:
         if name not in made:
             made[name] = tmp_path_factory.mktemp(name)
-            run_train([f"run.dir={made[name]}", *FSDP, *overrides])
+            train_in_pool([f"run.dir={made[name]}", *FSDP, *overrides])
         return made[name]
 
     return run
@@ -195,10 +193,10 @@ def test_activation_checkpointing_with_meta_init_trains_and_resumes_like_without
     common = ["parallel.backend=fsdp", "parallel.meta_init=true", "train.max_steps=6", "train.ckpt_every=3"]
     common += ["train.eval_every=0", "optim.name=orscale_lm"]
     ac = [*common, "parallel.activation_checkpointing=true"]
-    run_train([f"run.dir={tmp_path / 'plain'}", *common])
-    run_train([f"run.dir={tmp_path / 'ac'}", *ac])
+    train_in_pool([f"run.dir={tmp_path / 'plain'}", *common])
+    train_in_pool([f"run.dir={tmp_path / 'ac'}", *ac])
     step3 = ckpt.step_dir(tmp_path / "ac" / "checkpoints", 3)
-    run_train([f"run.dir={tmp_path / 'resumed'}", f"run.resume={step3}", *ac])
+    train_in_pool([f"run.dir={tmp_path / 'resumed'}", f"run.resume={step3}", *ac])
     plain, with_ac, resumed = (train_losses(tmp_path / d) for d in ("plain", "ac", "resumed"))
     assert sorted(plain) == list(range(1, 7)) and sorted(resumed) == [4, 5, 6]
     for step, loss in plain.items():
@@ -221,8 +219,8 @@ def test_bf16_params_on_two_gloo_ranks_match_one_process_under_autocast(tmp_path
     step from step 6 on moves the loss by more than 0.06."""
     common = ["train.max_steps=8", "train.eval_every=8", "optim.name=orscale_lm", "train.micro_batch_size=2"]
     common += ["train.dtype=bf16"]
-    run_train([f"run.dir={tmp_path / 'one'}", *common])
-    run_train([f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.param_dtype=bf16"], nproc=2)
+    train_in_pool([f"run.dir={tmp_path / 'one'}", *common])
+    train_in_pool([f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.param_dtype=bf16"], 2)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert sorted(one) == list(range(1, 9)) and one.keys() == two.keys()
     for step in one:
@@ -233,10 +231,8 @@ def test_bf16_params_on_two_gloo_ranks_match_one_process_under_autocast(tmp_path
 @pytest.mark.slow
 def test_fsdp2_compiled_blocks_and_model_match_eager():
     """1-process FSDP2 (gloo): compile blocks, model, and blocks with activation checkpointing,
-    each forward+backward equal to eager FSDP2's (this file's __main__, in a process of its own)."""
-    proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    each forward+backward equal to eager FSDP2's (a 1-rank pool job: a process group of one)."""
+    out = rank_pool(1).run(_fsdp_worker)[0]
     for case in ("blocks", "model", "blocks+ac"):
         assert out[case]["loss"] == pytest.approx(out["eager"]["loss"], rel=1e-6), case
         for name, norm in out["eager"]["grad_norms"].items():
@@ -244,13 +240,12 @@ def test_fsdp2_compiled_blocks_and_model_match_eager():
     assert out["bf16_block_inputs"] == {"x": "torch.bfloat16", "cos": "torch.float32"}
 
 
-def _fsdp_worker() -> None:
-    from launch.runtime.process_group import init_distributed, shutdown
+def _fsdp_worker() -> dict:
     from orscale.routing import canonical_name
 
     torch.set_num_threads(1)
-    dist_env = init_distributed("fsdp", "cpu")
-    out = {}
+    dist_env = DistEnv(0, 1, 0, torch.device("cpu"), "fsdp")
+    out: dict = {}
     cases = {"eager": ("none", False), "blocks": ("blocks", False), "model": ("model", False)}
     for case, (mode, ac) in {**cases, "blocks+ac": ("blocks", True)}.items():
         loss, grads = _loss_and_grads(_build(mode, "fsdp", ac, dist_env))
@@ -263,9 +258,4 @@ def _fsdp_worker() -> None:
     model.blocks[0].register_forward_pre_hook(lambda _, args: seen.update(x=str(args[0].dtype), cos=str(args[1].dtype)))
     _loss_and_grads(model)
     out["bf16_block_inputs"] = seen
-    print(json.dumps(out))
-    shutdown()
-
-
-if __name__ == "__main__":  # run with the repo root on PYTHONPATH (tests.helpers.env)
-    _fsdp_worker()
+    return out

@@ -19,7 +19,7 @@ import torch
 
 from launch.checkpoint import load_model_weights
 from models import GPT, get_preset
-from tests.helpers import ROOT, SMALL, env, run_train, train_losses
+from tests.helpers import ROOT, SMALL, env, train_in_pool, train_losses
 
 BEFORE_ROOMS = "f884933"  # "pyproject: pin deepspeed to the tested 0.19.x": the flat launch/ layout
 
@@ -83,9 +83,9 @@ def test_a_checkpoint_of_the_flat_layout_resumes_bit_exactly(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (old_run / "checkpoints/step_00000002/meta.json").is_file()
 
-    run_train([*common, "train.max_steps=4", f"run.dir={old_run}"])  # today's trainer resumes it
+    train_in_pool([*common, "train.max_steps=4", f"run.dir={old_run}"])  # today's trainer resumes it
     straight = tmp_path / "straight"
-    run_train([*common, "train.max_steps=4", f"run.dir={straight}"])
+    train_in_pool([*common, "train.max_steps=4", f"run.dir={straight}"])
 
     resumed, want = train_losses(old_run), train_losses(straight)
     assert [resumed[s] for s in (3, 4)] == [want[s] for s in (3, 4)]

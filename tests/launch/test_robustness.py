@@ -19,7 +19,7 @@ from launch.checkpoint.dcp_safe import UnsafeCheckpointError, load_metadata
 from launch.checkpoint.manifest import write_manifest
 from launch.engine.spikes import SpikeGuard
 from launch.loop import main as train_main
-from tests.helpers import ROOT, SMALL, TINY, env, metrics, run_train, train_cmd, train_losses
+from tests.helpers import ROOT, SMALL, TINY, env, metrics, train_cmd, train_in_pool, train_losses
 
 COMMON = ["optim.name=orscale_lm", "train.eval_every=0", "train.ckpt_every=2"]
 
@@ -68,20 +68,15 @@ def test_divergence_stops_with_one_line_and_never_saves_or_prunes_a_good_checkpo
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_divergence_on_two_ranks_keeps_every_earlier_checkpoint(tmp_path):
+    from tests.pool import rank_pool
+    from tests.pool_jobs import train_error
+
     run_dir = tmp_path / "run"
     overrides = [f"run.dir={run_dir}", *COMMON, "parallel.backend=fsdp"]
-    run_train([*overrides, "train.max_steps=4"], nproc=2)
-    proc = subprocess.run(
-        train_cmd([*overrides, "train.max_steps=10", "optim.lr=1e6"], nproc=2),
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "training diverged" in errors[0], proc.stderr[-2000:]
+    train_in_pool([*overrides, "train.max_steps=4"], nproc=2)
+    argv = ["--config", TINY, *SMALL, *overrides, "train.max_steps=10", "optim.lr=1e6"]
+    errors = rank_pool(2).run(train_error, argv)
+    assert errors[0] == errors[1] and "training diverged" in errors[0]  # agreed: every rank stops alike
     steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert steps == ["step_00000002", "step_00000004"]
     assert all(ckpt.check_loadable(run_dir / "checkpoints" / s) is None for s in steps)
@@ -125,8 +120,8 @@ def test_spike_guard_skips_the_same_steps_on_zero2_as_in_one_process(tmp_path):
         "train.eval_every=0",
         "train.micro_batch_size=2",
     ]
-    run_train([f"run.dir={tmp_path / 'one'}", *common])
-    run_train([f"run.dir={tmp_path / 'zero'}", "parallel.backend=zero2", *common], nproc=2)
+    train_in_pool([f"run.dir={tmp_path / 'one'}", *common])
+    train_in_pool([f"run.dir={tmp_path / 'zero'}", "parallel.backend=zero2", *common], nproc=2)
     one, zero = ([m for m in metrics(tmp_path / d) if "train_loss" in m] for d in ("one", "zero"))
     skipped = [m["skipped_steps"] for m in one]
     assert skipped[1] == 0 and skipped[-1] >= 2, skipped  # updates skipped (here: the rising early grad norm)
@@ -213,8 +208,9 @@ def test_kill_before_the_first_checkpoint_then_the_same_command_starts_over(tmp_
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert ckpt.latest_checkpoint(run_dir / "checkpoints") is None
-    out = run_train(overrides)  # what Slurm --requeue runs
-    assert "starting again from step 0" in out.stderr
+    capsys.readouterr()
+    assert train_main(["--config", TINY, *SMALL, *overrides]) == 0  # what Slurm --requeue runs
+    assert "starting again from step 0" in capsys.readouterr().err
     assert sorted(train_losses(run_dir)) == [1, 2, 3, 4, 5, 6]
     assert list(run_dir.glob("metrics.*.jsonl")), "the first attempt's metrics were not kept"
     # A different run in that directory is still refused.
@@ -224,7 +220,8 @@ def test_kill_before_the_first_checkpoint_then_the_same_command_starts_over(tmp_
 
 
 @pytest.mark.slow
-def test_a_second_launch_on_a_run_dir_in_use_is_refused_in_one_line(tmp_path):
+def test_a_second_launch_on_a_run_dir_in_use_is_refused_in_one_line(tmp_path, capsys):
+    """A running process holds the run dir; a second start (here in this process) is refused."""
     run_dir = tmp_path / "run"
     overrides = [f"run.dir={run_dir}", *COMMON[:2], "train.max_steps=400"]
     first = subprocess.Popen(
@@ -232,10 +229,9 @@ def test_a_second_launch_on_a_run_dir_in_use_is_refused_in_one_line(tmp_path):
     )
     try:
         _wait_for_step(run_dir, 1, first)
-        second = subprocess.run(train_cmd(overrides), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-        assert second.returncode == 2
-        errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "in use by another launch" in errors[0] and f"pid {first.pid}" in errors[0]
+        assert train_main(["--config", TINY, *SMALL, *overrides]) == 2
+        line = _error_line(capsys)
+        assert "in use by another launch" in line and f"pid {first.pid}" in line
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 0

@@ -50,6 +50,7 @@ print(sig.value)
 """
 
 
+@pytest.mark.slow  # starts Python processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("under_torchrun", [True, False])
 def test_a_worker_asks_to_die_with_its_launcher_only_under_torchrun(under_torchrun):
@@ -112,6 +113,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.slow  # starts Python processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher's parent-death path is Linux's")
 def test_the_launcher_forwards_sigterm_to_the_workers_and_exits_with_them(tmp_path, monkeypatch):
     mark, ready = tmp_path / "saved", tmp_path / "ready"
@@ -190,6 +192,7 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
+@pytest.mark.slow  # starts Python processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_rank_other_than_zero_outwaits_rank_zero_so_its_error_line_is_not_cut_off():
     """torchrun ends every worker once one has exited: a rank 1 that left first would take rank 0

@@ -89,6 +89,7 @@ def mini(tmp_path_factory, one_thread):
     return {"tmp": tmp, "runs": runs, "spec": spec, "pre_rc": pre_rc, "rc": rc, "pre_metrics": pre_metrics}
 
 
+@pytest.mark.slow  # `mini` trains a 24-cell sweep
 def test_sweep_runs_resumes_and_skips(mini, capsys):
     assert mini["pre_rc"] == 1  # the broken cell failed, the other one still ran
     assert mini["rc"] == 0
@@ -114,6 +115,7 @@ def test_sweep_runs_resumes_and_skips(mini, capsys):
     assert "24 finished, 0 to run" in out and out.count("skipped") == 24
 
 
+@pytest.mark.slow  # `mini` trains a 24-cell sweep
 def test_report_tables_and_pngs_match_logs(mini):
     out = mini["tmp"] / "report"
     summary = report.build_report(mini["runs"], out)
@@ -155,6 +157,7 @@ def test_report_tables_and_pngs_match_logs(mini):
     assert "paired t (n=2" in md
 
 
+@pytest.mark.slow  # the rerun starts a cell's process
 def test_killed_cell_is_reported_then_rerun(mini, capsys):
     """Truncate a finished cell's log mid-line and delete its checkpoints (a kill before the first
     checkpoint): the report lists it as unfinished; re-running the sweep redoes only that cell."""

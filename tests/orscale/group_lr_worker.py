@@ -2,16 +2,13 @@
 tests/orscale/test_adamw_lr.py. Builds the engine of `--backend` (none, fsdp, zero2) with
 `optim.adamw_lr`, trains a few steps on fixed tokens and records, after each step, every param
 group's LR and whether it holds only hidden matrices, read from the optimizers themselves (ZeRO: the
-client's groups and, for the CBP family, its owner-side optimizer's groups). Rank 0 writes JSON.
-
-    [torchrun --nproc_per_node=2] tests/orscale/group_lr_worker.py --backend fsdp --out f.json OPTIM...
+client's groups and, for the CBP family, its owner-side optimizer's groups). `run_all` is a job for
+the pool of ranks (tests/pool.py); each rank returns its record, as JSON carries it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 
 import torch
 
@@ -85,21 +82,6 @@ def run(backend: str, optim: str) -> dict:
     return {"steps": steps}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("optims", nargs="+")
-    args = parser.parse_args()
+def run_all(backend: str, optims: list[str]) -> dict:
     torch.set_num_threads(1)
-    results = {optim: run(args.backend, optim) for optim in args.optims}
-    if int(os.environ.get("RANK", "0")) == 0:
-        with open(args.out, "w") as fh:
-            json.dump(results, fh)
-    from launch.runtime.process_group import shutdown
-
-    shutdown()
-
-
-if __name__ == "__main__":
-    main()
+    return json.loads(json.dumps({optim: run(backend, optim) for optim in optims}))

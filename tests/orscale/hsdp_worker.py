@@ -1,20 +1,15 @@
-"""The 4-rank side of tests/orscale/test_hsdp_optim.py (also runnable by hand):
-
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node=4 tests/orscale/hsdp_worker.py --out r.json
+"""The 4-rank side of tests/orscale/test_hsdp_optim.py (`run_all`, a job for the pool of ranks).
 
 The Muon family on HSDP's 2 × 2 mesh ("replicate", "shard"), with owners inside the shard group
 (NS once per matrix per replica group) and with the replica split (owners across all 4 ranks),
 and plain FSDP2 over the 4 ranks: each against the single-process reference that every rank
 runs itself (synthetic gradients, fp32 NS; tests/orscale/sharded_worker.py's machinery); small
-buckets pipelined and one at a time. Rank 0 writes one JSON file with every rank's numbers.
+buckets pipelined and one at a time. Each rank returns its numbers.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,12 +27,9 @@ BUCKET = {"toy": 40, "gpt": 12288}  # whole-matrix elements: several buckets per
 PRESET = "orscale_lm"  # the trust ratio's norm sums and calibration: what HSDP could get wrong
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+def run_all() -> dict:
+    """Every flavour on this rank of 4 (a job for the pool of ranks, tests/pool.py), as JSON carries it."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
@@ -61,14 +53,4 @@ def main() -> None:
                     replica_split=split,
                 )
                 results["runs"][f"{kind}/{flavour}{suffix}"] = dict(run, ref_c=ref["c"])
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, results)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"ranks": gathered}))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    return json.loads(json.dumps(results))

@@ -1,21 +1,16 @@
-"""The 2-rank side of tests/orscale/test_sharded_optim.py (also runnable by hand):
-
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node=2 tests/orscale/sharded_worker.py --out r.json --ckpt DIR
+"""The 2-rank side of tests/orscale/test_sharded_optim.py (`run_all`, a job for the pool of ranks).
 
 Every rank runs the single-process reference itself (plain ``MuonFamily`` + AdamW on the whole
 model, no collectives), then FSDP2 (owner and replicate mode) and DDP runs from the same initial
 weights with the same synthetic gradients (fp32 Newton–Schulz), comparing every step; a DCP
-round-trip of the sharded optimizer state; and short real forward/backward runs. Rank 0 writes
-one JSON file with the numbers; the tests assert on them.
+round-trip of the sharded optimizer state; and short real forward/backward runs. Each rank returns
+its numbers; the tests assert on them.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -356,14 +351,10 @@ def bucketed_runs(kind: str) -> list[tuple[str, str, bool]]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--ckpt", required=True)
-    args = parser.parse_args()
+def run_all(ckpt: str) -> dict:
+    """Every comparison of this file on this rank (a job for 2 ranks of the pool, tests/pool.py),
+    as JSON would carry it."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     results: dict = {"world": dist.get_world_size(), "runs": {}}
     for kind in ("toy", "gpt"):
         for preset in PRESETS:
@@ -379,16 +370,6 @@ def main() -> None:
                         kind, preset, backend, "owner", ref, 40 if kind == "toy" else 12288, overlap=overlap
                     )
                     results["runs"][key]["ref_c"] = ref["c"]
-    results["dcp"] = {kind: dcp_roundtrip(kind, f"{args.ckpt}_{kind}") for kind in ("toy", "gpt")}
+    results["dcp"] = {kind: dcp_roundtrip(kind, f"{ckpt}_{kind}") for kind in ("toy", "gpt")}
     results["real"] = {b: real_backward(b) for b in ("fsdp", "ddp")}
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, results)
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({"ranks": gathered}))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    return json.loads(json.dumps(results))

@@ -4,10 +4,6 @@ protocol bit for bit."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,7 +13,6 @@ from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers, set_lr
 from orscale.routing import is_matrix_param, route_parameters
 from orscale.schedule import lr_at, lr_scales
-from tests.helpers import ROOT, env, free_port
 from tests.orscale import group_lr_worker as worker
 
 CFG = get_preset("tiny", n_layer=2, d_model=32, n_head=2, max_seq_len=16, vocab_size=128)
@@ -110,22 +105,19 @@ def test_bad_adamw_lr_is_one_line(value):
         load_config(None, ["optim.adamw_weight_decay=-0.1"])
 
 
-# ------------------------------------------------------------------ every engine (torchrun, slow)
-def _worker(backend: str, optims: list[str], tmp_path, nproc: int) -> dict:
-    out = tmp_path / f"{backend}.json"
-    script = [str(ROOT / "tests/orscale/group_lr_worker.py"), "--backend", backend, "--out", str(out), *optims]
-    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
-    cmd = [*run, *script] if nproc > 1 else [sys.executable, *script]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+# ------------------------------------------------------------------ every engine (pool of ranks, slow)
+def _worker(backend: str, optims: list[str], nproc: int) -> dict:
+    """group_lr_worker.run_all on `nproc` ranks of the pool (one process: no group, as train.py)."""
+    from tests.pool import rank_pool
+
+    return rank_pool(nproc).run(worker.run_all, backend, optims, group=nproc > 1)[0]
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("backend, nproc", [("none", 1), ("fsdp", 2), ("zero2", 2)])
-def test_every_engine_applies_the_adamw_groups_lr_at_every_step(tmp_path, backend, nproc):
-    got = _worker(backend, ["orscale_lm", "adamw", "cbp"], tmp_path, nproc)
+def test_every_engine_applies_the_adamw_groups_lr_at_every_step(backend, nproc):
+    got = _worker(backend, ["orscale_lm", "adamw", "cbp"], nproc)
     scale = 0.04 / 0.01
     for optim, result in got.items():
         kinds = set()

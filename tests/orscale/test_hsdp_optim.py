@@ -2,19 +2,15 @@
 step (owners inside the shard group, or split across the replica groups, or NS everywhere); NS
 runs once per matrix per replica group (once in all with the split); replicas stay bit-identical;
 the pipelined exchange is bit-identical to one bucket at a time; and the optimizer's bytes_sent
-counters equal bench/bench_scaling.py's byte model. ONE 4-rank launch of tests/orscale/hsdp_worker.py."""
+counters equal bench/bench_scaling.py's byte model. ONE job of tests/orscale/hsdp_worker.py on 4 ranks
+of the pool."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bench.bench_scaling import optimizer_bytes_sent
-from tests.helpers import ROOT, env, free_port
 from tests.orscale.hsdp_worker import FLAVOURS
 from tests.orscale.sharded_worker import muon_shapes
 
@@ -29,15 +25,12 @@ EXCHANGE = {"hsdp/owner": (1, 2), "hsdp/split": (2, 2), "fsdp/owner": (1, 4)}
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory) -> list[dict]:
-    """Per-rank result dicts of one 4-rank run of the worker."""
-    out = tmp_path_factory.mktemp("hsdp") / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={free_port()}"]
-    cmd += [str(ROOT / "tests/orscale/hsdp_worker.py"), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise AssertionError(f"hsdp_worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())["ranks"]
+def worker() -> list[dict]:
+    """Per-rank result dicts of one 4-rank job of the worker."""
+    from tests.orscale import hsdp_worker
+    from tests.pool import rank_pool
+
+    return rank_pool(4).run(hsdp_worker.run_all)
 
 
 @pytest.mark.parametrize("key", RUNS + [k + s for k in BUCKETED for s in ("/bucketed", "/bucketed_sync")])

@@ -9,15 +9,12 @@ it into r_max, while OrScale-LM's ratio does not move.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from models import GPT, get_preset
 from orscale import OptimConfig, build_optimizers
-from tests.helpers import BPE4K, ROOT, TINY, env, metrics
+from tests.helpers import BPE4K, TINY, metrics
 
 LM = [
     f"data.tokenizer={BPE4K}",  # a 4k vocabulary: the head is not most of the step, as at scale
@@ -45,32 +42,15 @@ def last_diag(run_dir) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Four 120-step runs, two at a time as one-thread processes: both cores busy, half the wait."""
+    """Four 120-step runs, two at a time in the 2-rank pool's processes (no process group, one
+    thread each): both cores busy, half the wait."""
+    from tests.pool import rank_pool
+    from tests.pool_jobs import train_runs_side_by_side
+
     names = ("orscale_lm", "mutrust", "muscale", "orscale_lm_decoupled")
     dirs = {name: tmp_path_factory.mktemp(name) for name in names}
-    for pair in (names[:2], names[2:]):
-        procs = {
-            name: subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "train.py"),
-                    "--config",
-                    TINY,
-                    *LM,
-                    f"run.dir={dirs[name]}",
-                    f"optim.name={name}",
-                ],
-                cwd=ROOT,
-                env=env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for name in pair
-        }
-        for name, proc in procs.items():
-            log = proc.communicate()[0]
-            assert proc.returncode == 0, f"{name}: {log[-2000:]}"
+    argv = lambda name: ["--config", TINY, *LM, f"run.dir={dirs[name]}", f"optim.name={name}"]  # noqa: E731
+    rank_pool(2).run(train_runs_side_by_side, [[argv(n) for n in names[:2]], [argv(n) for n in names[2:]]], group=False)
     return {name: last_diag(dirs[name]) for name in names}
 
 

@@ -1,13 +1,9 @@
 """Sharded Muon family (orscale/distributed/): 2-rank FSDP2 (owner / replicate) and DDP runs equal
 the single-process MuonFamily step by step; NS once per matrix; DCP round-trip of the sharded
-state. The distributed numbers come from ONE torchrun launch of tests/orscale/sharded_worker.py (shared
-by every test here); the helpers' own tests run in-process."""
+state. The distributed numbers come from ONE job of tests/orscale/sharded_worker.py on 2 ranks of the
+pool (shared by every test here); the helpers' own tests run in-process."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +13,7 @@ from bench.bench_scaling import optimizer_bytes_sent
 from orscale import MuonFamily, OptimConfig, ReplicatedMuonFamily, ShardedMuonFamily, build_optimizers
 from orscale import OptimConfigError as ConfigError
 from orscale.distributed.owners import Layout, assign_owners, exchange_plan, make_buckets, ns_cost, row_split
-from tests.helpers import ROOT, env, free_port
+from tests.orscale import sharded_worker
 from tests.orscale.sharded_worker import FLAVOURS, LRS, PRESETS, bucketed_runs, muon_shapes
 
 TOL = 1e-5  # relative (Frobenius) error vs the single-process run; fp32 NS
@@ -29,24 +25,10 @@ RUNS += [key for kind in ("toy", "gpt") for key, _, _ in bucketed_runs(kind)]
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory) -> list[dict]:
-    """Per-rank result dicts of one 2-rank run of the worker (about 20–40 s on 2 CPU cores)."""
-    tmp = tmp_path_factory.mktemp("sharded")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        str(ROOT / "tests/orscale/sharded_worker.py"),
-        "--out",
-        str(tmp / "result.json"),
-        "--ckpt",
-        str(tmp / "ckpt"),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise AssertionError(f"sharded_worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads((tmp / "result.json").read_text())["ranks"]
+    """Per-rank result dicts of one 2-rank job of the worker (about 20–40 s on 2 CPU cores)."""
+    from tests.pool import rank_pool
+
+    return rank_pool(2).run(sharded_worker.run_all, str(tmp_path_factory.mktemp("sharded") / "ckpt"))
 
 
 # ----------------------------------------------------------------------------- 2 ranks

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-1/2 (launch/deepspeed_engine.py, orscale/distributed/zero.py): equal to a single-process run.
 
-The distributed tests launch ``tests/orscale/zero_worker.py`` under torchrun (2 CPU ranks, gloo,
-``DS_ACCELERATOR=cpu``): a 3-layer d=64 GPT, 5 steps of 2 accumulated micro-batches on fixed
+The distributed tests run ``tests/orscale/zero_worker.py`` on 2 ranks of the pool (tests/pool.py:
+CPU, gloo, ``DS_ACCELERATOR=cpu``): a 3-layer d=64 GPT, 5 steps of 2 accumulated micro-batches on fixed
 synthetic tokens, fp32 Newton–Schulz, warmup + cosine LR, grad clip 0.6 (active on most steps).
 With 3 layers the ZeRO partition boundary cuts ``blocks.1.mlp.up`` in two, so the owner exchange
 (all_to_all) runs.
@@ -18,8 +18,7 @@ pass a 1e-5 test there.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +28,8 @@ from launch.engine.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_c
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
 from orscale.distributed.zero_layout import build_layout
-from tests.helpers import ROOT, env, free_port
 from tests.orscale import zero_worker as zw
+from tests.pool import rank_pool
 
 OPTIMS = ("adamw", "muon_moonlight", "orscale_lm")
 RTOL = 1e-5
@@ -146,23 +145,9 @@ def test_checkpoints_of_either_layout_load_under_every_engine_and_old_files_are_
 
 
 # ------------------------------------------------------------------------------- distributed runs
-def _launch(tmp_path, name: str, *args: str) -> dict:
-    out = tmp_path / f"{name}.pt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={zw.WORLD}",
-        f"--master_port={free_port()}",
-        str(ROOT / "tests/orscale/zero_worker.py"),
-        "--out",
-        str(out),
-        *args,
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise AssertionError(f"zero_worker failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return torch.load(out, weights_only=True)
+def _launch(stage: int, optims: list[str], roundtrip: Path, bf16: bool = False) -> dict:
+    """zero_worker.run_all on 2 ranks of the pool; rank 0's results."""
+    return rank_pool(zw.WORLD).run(zw.run_all, stage, optims, str(roundtrip), bf16)[0]
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +159,7 @@ def single():
 @pytest.fixture(scope="module", params=[1, 2], ids=["zero1", "zero2"])
 def zero_run(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"zero{request.param}")
-    return request.param, _launch(
-        tmp, "fp32", "--stage", str(request.param), "--optims", ",".join(OPTIMS), "--roundtrip", str(tmp / "ckpt")
-    )
+    return request.param, _launch(request.param, list(OPTIMS), tmp / "ckpt")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -231,17 +214,7 @@ def test_zero_bf16_runs_close_to_fp32(tmp_path, single, stage):
     """What a CUDA bf16 run uses (here on CPU): bf16 compute through the engine's autocast over fp32
     params, so gradients accumulate and reduce in fp32 on both stages, like FSDP2's. Not an
     equality test (bf16 matmuls)."""
-    results = _launch(
-        tmp_path,
-        "bf16",
-        "--stage",
-        str(stage),
-        "--optims",
-        "orscale_lm",
-        "--bf16",
-        "--roundtrip",
-        str(tmp_path / "ckpt"),
-    )
+    results = _launch(stage, ["orscale_lm"], tmp_path / "ckpt", bf16=True)
     got, ref = results["orscale_lm"], single["orscale_lm"]
     assert got["ds_optimizer"] == "DeepSpeedZeroOptimizer" and got["exchanged"]
     assert got["losses"] == pytest.approx(ref["losses"], abs=5e-3)

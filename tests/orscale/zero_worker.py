@@ -1,16 +1,15 @@
 """Reference runs for tests/orscale/test_zero.py: a tiny GPT for a few steps on fixed synthetic batches.
 
 * ``run_single(optim)``: one process, ``orscale.build_optimizers`` and train.py's step logic.
-* ``python -m torch.distributed.run --nproc_per_node=2 tests/orscale/zero_worker.py --stage 2 --out f.pt
-  --optims adamw,orscale_lm [--roundtrip DIR]``: the same run with ``launch.engine.deepspeed_engine.DeepSpeedEngine``
-  (gloo, CPU, ``DS_ACCELERATOR=cpu``), results written by rank 0 with ``torch.save``.
+* ``run_all(stage, optims, roundtrip)``, a job for 2 ranks of the pool (tests/pool.py): the same run
+  with ``launch.engine.deepspeed_engine.DeepSpeedEngine`` (gloo, CPU, ``DS_ACCELERATOR=cpu``), the
+  results returned by rank 0.
 
 Both see the same global batch at every micro-step: rank r takes rows [r·B, (r+1)·B) of it.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -111,16 +110,14 @@ def run_single(optim: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- ZeRO side
-BF16 = False  # --bf16: bf16 compute through the engine's autocast (on CPU; not an equality test)
-
-
-def _zero_engine(optim: str, stage: int, seed: int = 42):
+def _zero_engine(optim: str, stage: int, seed: int = 42, bf16: bool = False):
+    """`bf16`: bf16 compute through the engine's autocast (on CPU; not an equality test)."""
     from launch.engine.deepspeed_engine import DeepSpeedEngine
     from launch.runtime.process_group import init_distributed
 
     cfg = make_config(optim, backend=f"zero{stage}", seed=seed)
     env = init_distributed(cfg.parallel.backend, cfg.train.device)
-    dtype = torch.bfloat16 if BF16 else torch.float32
+    dtype = torch.bfloat16 if bf16 else torch.float32
     return cfg, env, DeepSpeedEngine(get_preset("tiny", **MODEL), cfg.parallel, cfg.optim, cfg.train, env, dtype, ACCUM)
 
 
@@ -145,8 +142,8 @@ def _weights(zero) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().clone() for k, v in zero.model.state_dict().items()}
 
 
-def run_zero(optim: str, stage: int) -> dict:
-    cfg, env, zero = _zero_engine(optim, stage)
+def run_zero(optim: str, stage: int, bf16: bool = False) -> dict:
+    cfg, env, zero = _zero_engine(optim, stage, bf16=bf16)
     losses, norms = _train(cfg, env, zero, range(STEPS))
     layout = zero.optimizer._layout
     return {
@@ -160,9 +157,9 @@ def run_zero(optim: str, stage: int) -> dict:
     }
 
 
-def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3) -> dict:
+def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3, bf16: bool = False) -> dict:
     """`split` steps, save, a fresh engine (other init seed) loads, then the remaining steps."""
-    cfg, env, zero = _zero_engine(optim, stage)
+    cfg, env, zero = _zero_engine(optim, stage, bf16=bf16)
     first, _ = _train(cfg, env, zero, range(split))
     import torch.distributed as dist
 
@@ -171,7 +168,7 @@ def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3) -> dict
     dist.barrier()
     zero.save(Path(ckpt_dir))
     del zero
-    cfg, env, fresh = _zero_engine(optim, stage, seed=7)
+    cfg, env, fresh = _zero_engine(optim, stage, seed=7, bf16=bf16)
     fresh.load(Path(ckpt_dir))
     loaded_calibration = fresh.calibration_constants()
     rest, _ = _train(cfg, env, fresh, range(split, STEPS))
@@ -184,32 +181,17 @@ def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3) -> dict
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--stage", type=int, required=True)
-    parser.add_argument("--optims", default="adamw,muon_moonlight,orscale_lm")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--roundtrip", default=None, help="checkpoint dir: also run a save/load round trip")
-    parser.add_argument("--bf16", action="store_true", help="DeepSpeed bf16 (smoke run)")
-    args = parser.parse_args()
-    global BF16
-    BF16 = args.bf16
+def run_all(stage: int, optims: list[str], roundtrip: str | None = None, bf16: bool = False) -> dict | None:
+    """Each optimizer's ZeRO run, and (`roundtrip`: a checkpoint dir) a save/load round trip of
+    OrScale-LM; rank 0 returns the results (None elsewhere)."""
     torch.set_num_threads(1)
     results: dict = {"timing": {}}
-    for optim in args.optims.split(","):
+    for optim in optims:
         t0 = time.perf_counter()
-        results[optim] = run_zero(optim, args.stage)
+        results[optim] = run_zero(optim, stage, bf16)
         results["timing"][optim] = time.perf_counter() - t0
-    if args.roundtrip:
+    if roundtrip:
         t0 = time.perf_counter()
-        results["roundtrip"] = run_roundtrip("orscale_lm", args.stage, args.roundtrip)
+        results["roundtrip"] = run_roundtrip("orscale_lm", stage, roundtrip, bf16=bf16)
         results["timing"]["roundtrip"] = time.perf_counter() - t0
-    if int(os.environ.get("RANK", "0")) == 0:
-        torch.save(results, args.out)
-    from launch.runtime.process_group import shutdown
-
-    shutdown()
-
-
-if __name__ == "__main__":
-    main()
+    return results if int(os.environ.get("RANK", "0")) == 0 else None
