@@ -11,7 +11,7 @@ import sys
 
 if __name__ == "__main__":
     # First, before torch is imported: a launcher killed meanwhile takes this worker along.
-    from launch.runtime.parent_death import die_with_parent
+    from launch.launcher.parent_death import die_with_parent
 
     die_with_parent()
 

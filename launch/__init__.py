@@ -3,11 +3,17 @@ below imports it). Rooms by concern:
 
     config.py, errors.py, nested.py   the run config (YAML + dotted overrides), user errors, dotted keys
     loop.py                           train(cfg): setup, then the loop; `python train.py` is its main
-    runtime/                          process groups, stop signals, parent death, console logging
+    runtime/                          process groups, collective timeouts, stall dumps, stop signals, console
     engine/                           the Engine interface, one class per backend, parallelize, spikes
-    checkpoint/                       checkpointer of parts, inspection, manifest, safe DCP reading
-    run/                              setup, run directory, resume, lock, train state, meter, records
+    checkpoint/                       checkpointer of parts, inspection (find, check, load a GPT), manifest,
+                                      safe DCP reading, the portable (any-backend) view
+    run/                              setup, run directory, resume, lock, train state, meter, progress,
+                                      provenance, records
+    evaluation/                       validation loss, downstream tasks in the loop and offline
+                                      (python -m launch.evaluation)
+    launcher/                         python -m launch.launcher (torchrun with a clean SIGTERM path), the
+                                      torchrun it starts, parent death
     sweep/, report/                   python -m launch.sweep / python -m launch.report
-    export.py, launcher.py            python -m launch.export / python -m launch.launcher (torchrun)
+    export.py                         python -m launch.export (Hugging Face transformers)
     scripts/                          torchrun.sh, deepspeed.sh, slurm.sbatch (the one Slurm recipe)
 """

@@ -4,7 +4,8 @@
 
 `--checkpoint` takes a step directory, a checkpoints root or a run directory (its newest complete
 checkpoint, found by `launch.checkpoint.find_checkpoint`). The name mapping itself is
-`models/hf_mapping.py`; this module adds the tokenizer, the checkpoint reading and an atomic write.
+`models/hf_mapping.py`, the checkpoint reading `launch.checkpoint.load_gpt`; this module adds the
+tokenizer and an atomic write.
 """
 
 from __future__ import annotations
@@ -15,23 +16,20 @@ import os
 import shutil
 import stat
 import sys
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from data import load_tokenizer
 from data.paths import resolve_path
-from launch.checkpoint import check_loadable, find_checkpoint, load_model_weights, read_meta
+from launch.checkpoint import load_gpt
 from launch.errors import USER_ERRORS
-from models.gpt import GPT, GPTConfig
+from models.gpt import GPTConfig
 from models.hf_mapping import ExportError, arcee_model
 
-__all__ = ["ExportError", "export_hf", "load_gpt_from_checkpoint", "main"]
+__all__ = ["ExportError", "export_hf", "main"]
 
 
 def _hf_tokenizer(tokenizer_path: str, max_len: int):
@@ -135,44 +133,6 @@ def _publish(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)  # replaces an empty directory atomically
 
 
-# ---- checkpoint reading, through the public API of launch.checkpoint -----------------------------
-
-
-def _gpt_config(recorded: Any) -> GPTConfig:
-    """The GPTConfig the trainer recorded in meta.json (its fields as a dict)."""
-    if not isinstance(recorded, dict):
-        raise ExportError("the checkpoint's meta.json records no model config")
-    names = {f.name for f in fields(GPTConfig)}
-    return GPTConfig(**{k: v for k, v in recorded.items() if k in names})
-
-
-def load_gpt_from_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str]:
-    """(state dict, GPTConfig, tokenizer path) from a step directory, a checkpoints root or a run
-    directory, as the trainer's checkpointer writes them."""
-    found = find_checkpoint(path)
-    if found is None:
-        raise ExportError(
-            f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
-            "root with a `latest` file, or a run directory)"
-        )
-    meta = read_meta(found)
-    cfg = _gpt_config(meta.get("model"))
-    with torch.device("meta"):  # shapes only: the checkpoint supplies every value
-        model = GPT(cfg)
-    model.to_empty(device="cpu")
-    problem = check_loadable(found)
-    if problem is not None:
-        raise ExportError(f"checkpoint '{found}' is damaged: {problem}")
-    with warnings.catch_warnings():  # "assuming ... a single process": exactly what we want
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        load_model_weights(found, model)
-    try:
-        tokenizer = meta["config"]["data"]["tokenizer"]
-    except (KeyError, TypeError):
-        raise ExportError(f"checkpoint '{found}' records no data.tokenizer in its config") from None
-    return dict(model.state_dict()), cfg, str(resolve_path(tokenizer))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="step directory, checkpoints root or run directory")
@@ -182,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_out_dir(Path(args.out), args.overwrite)  # before the (possibly long) checkpoint read
-        state_dict, cfg, tokenizer = load_gpt_from_checkpoint(args.checkpoint)
+        state_dict, cfg, tokenizer, _ = load_gpt(args.checkpoint)
+        tokenizer = str(resolve_path(tokenizer))
         out = export_hf(
             state_dict,
             cfg,

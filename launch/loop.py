@@ -15,15 +15,14 @@ import torch
 from data import DataError
 from launch.checkpoint import latest_checkpoint, read_meta
 from launch.config import Config, load_config
-from launch.engine import Engine
 from launch.errors import USER_ERRORS
-from launch.run.downstream import eval_metrics, score_tasks, summary_line
+from launch.evaluation import eval_metrics, score_tasks, summary_line, validation_loss
 from launch.run.progress import Progress
 from launch.run.setup import Run, RunComplete, setup_run
 from launch.runtime.console import report_failure, report_user_error, setup_logging
 from launch.runtime.hangs import COMM_FAILURE_EXIT, CommFailure, comm_failure, set_comm_timeout
 from launch.runtime.preemption import StopFlag
-from launch.runtime.process_group import DistEnv, all_reduce_sum, shutdown
+from launch.runtime.process_group import all_reduce_sum, shutdown
 from launch.runtime.stall_watch import StallWatch
 from orscale.schedule import lr_at
 
@@ -37,31 +36,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # The DeepSpeed launcher passes --local_rank; LOCAL_RANK in the environment says the same.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-@torch.no_grad()
-def evaluate(engine: Engine, val: torch.Tensor, batch_size: int, env: DistEnv) -> float:
-    """Mean cross-entropy over every target token of the fixed validation set, split over ranks.
-
-    Every rank runs the same number of forward passes (a sharded model gathers weights inside
-    forward), padding its share with repeats of weight 0, so the result does not depend on the
-    world size.
-    """
-    engine.module.eval()
-    mine = val[env.rank :: env.world_size]
-    per_rank = math.ceil(len(val) / env.world_size)
-    total = torch.tensor([0.0, 0.0], device=env.device, dtype=torch.float64)  # [sum of losses, tokens]
-    for start in range(0, per_rank, batch_size):
-        batch = mine[start : start + batch_size]
-        weight = len(batch)
-        batch = (batch if weight else val[:1]).to(env.device)
-        with engine.autocast():
-            loss = engine.module(batch[:, :-1], batch[:, 1:])
-        n = weight * (batch.shape[1] - 1)
-        total += torch.stack([loss.double() * n, torch.tensor(n, device=env.device, dtype=torch.float64)])
-    all_reduce_sum(total)
-    engine.module.train()
-    return (total[0] / total[1]).item()
 
 
 def train(cfg: Config) -> dict:
@@ -115,7 +89,8 @@ def _loop(run: Run, watch: StallWatch) -> dict:
     set_comm_timeout(cfg.parallel.comm_timeout_s)  # start-up is over: from here a silent peer ends the run
     stop = StopFlag(env)
     progress = Progress(t.max_steps, state.step, enabled=env.is_main, bar=t.progress)
-    last_loss, last_val = math.nan, (math.nan, None)
+    last_loss = math.nan
+    last_val: tuple[float, int | None] = (math.nan, None)  # (loss, step) of this launch's last validation
     while state.step < t.max_steps:
         watch.beat(state.step + 1)  # its reads, evaluation and checkpoint included (train.stall_dump_s)
         lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
@@ -154,7 +129,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             progress.logged(record)
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
             with meter.paused():  # evaluation time is not training throughput
-                last_val = (evaluate(engine, run.val, cfg.data.val_batch_size, env), state.step)
+                last_val = (validation_loss(engine, run.val, cfg.data.val_batch_size, env), state.step)
                 run.run_dir.write(
                     {
                         "step": state.step,

@@ -1,7 +1,7 @@
 """Checkpoints: the checkpointer of self-saving parts (`checkpointer`), inspection from outside a run
-(`inspection`: find, check, load weights), the manifest of sizes and checksums (`manifest`), DCP
-read without unpickling code (`dcp_safe`) and the DCP part of the PyTorch-native engines
-(`dcp_state`)."""
+(`inspection`: find, check, load weights or a whole GPT), the manifest of sizes and checksums
+(`manifest`), DCP read without unpickling code (`dcp_safe`) and the DCP part of the PyTorch-native
+engines (`dcp_state`)."""
 
 from launch.checkpoint.checkpointer import (
     FORMAT,
@@ -19,6 +19,7 @@ from launch.checkpoint.checkpointer import (
 from launch.checkpoint.inspection import (
     check_loadable,
     find_checkpoint,
+    load_gpt,
     load_model_weights,
     newest_intact_checkpoint,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "find_checkpoint",
     "is_complete",
     "latest_checkpoint",
+    "load_gpt",
     "load_model_weights",
     "newest_intact_checkpoint",
     "read_meta",

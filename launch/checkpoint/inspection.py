@@ -1,10 +1,13 @@
 """Looking at checkpoints from outside a run: find the newest complete one, check that one is intact
-before trusting it, and read just the model weights (export, evaluation). Nothing read here can run
+before trusting it, and read just the model (weights into a model, or a whole single-process GPT with
+its config and tokenizer: `load_gpt`, for export and offline evaluation). Nothing read here can run
 code: per-rank files through `weights_only=True`, DCP metadata through `dcp_safe`, safetensors."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,8 @@ from safetensors.torch import load_file
 from launch.checkpoint.checkpointer import META, checkpoint_dirs, is_complete, latest_checkpoint, read_meta
 from launch.checkpoint.dcp_safe import dcp_load, load_metadata
 from launch.checkpoint.manifest import verify_manifest
+from launch.errors import UserError
+from models.gpt import GPT, GPTConfig
 
 
 def check_loadable(path: str | Path) -> str | None:
@@ -71,6 +76,38 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, An
         dcp_load({"model": sd}, str(path / "dcp"))
         model.load_state_dict(sd)
     return read_meta(path)
+
+
+def load_gpt(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str, Path]:
+    """(state dict, GPTConfig, tokenizer path as recorded, the step directory) of the checkpoint at
+    `path` (a step directory, a checkpoints root or a run directory), checked intact first; a
+    one-line UserError for what is missing or damaged."""
+    found = find_checkpoint(path)
+    if found is None:
+        raise UserError(
+            f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
+            "root with a `latest` file, or a run directory)"
+        )
+    meta = read_meta(found)
+    recorded = meta.get("model")
+    if not isinstance(recorded, dict):
+        raise UserError(f"checkpoint '{found}' records no model config in its meta.json")
+    names = {f.name for f in dataclasses.fields(GPTConfig)}
+    cfg = GPTConfig(**{k: v for k, v in recorded.items() if k in names})
+    with torch.device("meta"):  # shapes only: the checkpoint supplies every value
+        model = GPT(cfg)
+    model.to_empty(device="cpu")
+    problem = check_loadable(found)
+    if problem is not None:
+        raise UserError(f"checkpoint '{found}' is damaged: {problem}")
+    with warnings.catch_warnings():  # "assuming ... a single process": exactly what we want
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load_model_weights(found, model)
+    try:
+        tokenizer = str(meta["config"]["data"]["tokenizer"])
+    except (KeyError, TypeError):
+        raise UserError(f"checkpoint '{found}' records no data.tokenizer in its config") from None
+    return dict(model.state_dict()), cfg, tokenizer, found
 
 
 def newest_intact_checkpoint(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

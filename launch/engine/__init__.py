@@ -3,6 +3,6 @@
 the model (`parallelize`) and the optional loss-spike guard (`spikes`)."""
 
 from launch.engine.base import Engine
-from launch.engine.registry import build_engine, engine_class
+from launch.engine.registry import engine_class
 
-__all__ = ["Engine", "build_engine", "engine_class"]
+__all__ = ["Engine", "engine_class"]

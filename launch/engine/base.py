@@ -2,7 +2,7 @@
 (`torch_engine.TorchEngine`: none | ddp | fsdp; `deepspeed_engine.DeepSpeedEngine`: zero1 | zero2),
 so the training loop holds no backend branch:
 
-    engine = build_engine(model_cfg, parallel, optim, train, env, dtype, accum_steps)
+    engine = engine_class(parallel.backend)(model_cfg, parallel, optim, train, env, dtype, accum_steps)
     for micro in range(accum_steps):
         loss = engine.forward_backward(batch, last_micro_batch=micro == accum_steps - 1)
     grad_norm = engine.step(lr)          # clip the raw gradients, set lr, update; no host sync
@@ -48,6 +48,11 @@ class Engine(ABC):
     ) -> None:
         self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
         self._step_loss = torch.zeros((), device=env.device)  # this rank's loss of the current step
+        self._build(model_cfg, parallel, optim, train)
+
+    @abstractmethod
+    def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
+        """Build the model, its parallelism and its optimizers (collective on every rank)."""
 
     @property
     @abstractmethod

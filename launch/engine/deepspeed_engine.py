@@ -47,8 +47,6 @@ from launch.engine.base import Engine
 from launch.engine.parallelize import build_model
 from launch.engine.spikes import SpikeGuard
 from launch.errors import ConfigError
-from launch.nested import deep_merge
-from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
 from orscale import OptimConfig, set_lr
@@ -128,18 +126,8 @@ class DeepSpeedEngine(Engine):
     def check_checkpoint(path: Path, world_size: int) -> None:
         check_zero_checkpoint(path)  # any world size and stage: the state is stored by parameter name
 
-    def __init__(
-        self,
-        model_cfg: GPTConfig,
-        parallel: ParallelConfig,
-        optim: OptimConfig,
-        train: TrainConfig,
-        env: DistEnv,
-        dtype: torch.dtype,
-        accum_steps: int,
-        ds_overrides: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(model_cfg, parallel, optim, train, env, dtype, accum_steps)
+    def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
+        env, dtype, accum_steps = self.env, self.dtype, self.accum_steps
         check_zero_config(parallel, optim)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
@@ -157,10 +145,7 @@ class DeepSpeedEngine(Engine):
             )
         self.backend, self.optim_name = parallel.backend, optim.name
         self.world_size = dist.get_world_size()
-        self.config = deep_merge(
-            ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype),
-            ds_overrides or {},
-        )
+        self.config = ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype)
         model = build_model(model_cfg, parallel, train.seed, env, dtype)
         self.optimizer = ZeroShardedOptimizer(model, optim)
         self._ds: Any  # DeepSpeed's engine (an nn.Module with backward/step of its own; untyped)

@@ -18,7 +18,6 @@ from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, no_sync, wrap_ddp
 from launch.engine.spikes import SpikeGuard
 from launch.errors import ConfigError
-from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
 from orscale.factories import adamw_implementation
@@ -29,19 +28,9 @@ from orscale.routing import canonical_name
 class TorchEngine(Engine):
     """PyTorch-native data parallelism: one process, DDP or FSDP2."""
 
-    def __init__(
-        self,
-        model_cfg: GPTConfig,
-        parallel: ParallelConfig,
-        optim: OptimConfig,
-        train: TrainConfig,
-        env: DistEnv,
-        dtype: torch.dtype,
-        accum_steps: int,
-    ) -> None:
-        super().__init__(model_cfg, parallel, optim, train, env, dtype, accum_steps)
-        backend = parallel.backend
-        self._model = build_model(model_cfg, parallel, train.seed, env, dtype)
+    def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
+        env, backend = self.env, parallel.backend
+        self._model = build_model(model_cfg, parallel, train.seed, env, self.dtype)
         self.module = wrap_ddp(self._model, env) if backend == "ddp" else self._model
         self.optimizers = build_optimizers(
             self._model,

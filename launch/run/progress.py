@@ -45,13 +45,18 @@ class Progress:
             eta = (time.perf_counter() - t) / (record["step"] - step) * (self.total - record["step"])
         mfu, causal = record.get("mfu"), record.get("mfu_causal")
         shown = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+        mfu_text = ""
+        if isinstance(mfu, (int, float)) and shown(mfu):
+            mfu_text = f"MFU {100 * mfu:.1f}%"
+            if isinstance(causal, (int, float)) and shown(causal):
+                mfu_text += f" ({100 * causal:.1f}% causal)"
         parts = [
             f"step {record['step']}/{self.total}",
             f"loss {record['train_loss']:.4f}",
             f"lr {record['lr']:.2e}",
             f"grad {record['grad_norm']:.3g}",
             f"{record['tokens_per_s']:,.0f} tok/s",
-            f"MFU {100 * mfu:.1f}%" + (f" ({100 * causal:.1f}% causal)" if shown(causal) else "") if shown(mfu) else "",
+            mfu_text,
             f"ETA {_duration(eta)}" if eta is not None else "",
         ]
         return " | ".join(p for p in parts if p)

@@ -32,7 +32,7 @@ def git_commit() -> str:
 
 
 def environment() -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("torch", "transformers", "datasets", "tokenizers", "sentencepiece", "deepspeed", "numpy"):
         try:
             versions[pkg] = metadata.version(pkg)

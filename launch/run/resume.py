@@ -104,8 +104,8 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
         found, damaged = newest_intact_checkpoint(run.path / "checkpoints")
         if found is None and damaged:
             raise ConfigError(_none_intact(run.path / "checkpoints", damaged))
-        for path, problem in damaged:
-            log.warning("checkpoint %s is damaged (%s): resuming from %s before it", path.name, problem, found.name)
+        for path, problem in damaged:  # found is not None here: with none intact the line above raised
+            log.warning("checkpoint %s is damaged (%s): resuming from %s before it", path.name, problem, found)
         if found is None and has_run and not run_cfg.overwrite:
             if not same_run(run, resolved):
                 raise ConfigError(
@@ -122,9 +122,9 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
     found = find_checkpoint(mode)
     if found is None:
         raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json inside)")
-    problem = check_loadable(found)
-    if problem is not None:
-        raise ConfigError(f"run.resume='{mode}' is damaged: {problem}; pick another checkpoint")
+    damage = check_loadable(found)
+    if damage is not None:
+        raise ConfigError(f"run.resume='{mode}' is damaged: {damage}; pick another checkpoint")
     return found
 
 

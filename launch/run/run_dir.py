@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import yaml
@@ -123,8 +123,9 @@ class RunDir:
         self.path = Path(path)
         self.active = active
         self.metrics_path = self.path / "metrics.jsonl"
-        self._metrics = None
+        self._metrics: TextIO | None = None
         self._mirrors: _Mirrors | None = None
+        self._file_handler: logging.FileHandler | None = None
 
     def open(self, config: dict[str, Any], train: TrainConfig, extra: dict[str, Any] | None = None) -> None:
         """Write the resolved `config`, start run.log (commit, environment, `extra` setup facts) and
@@ -167,7 +168,7 @@ class RunDir:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        handler = getattr(self, "_file_handler", None)
+        handler = self._file_handler
         if handler is not None:
             logging.getLogger("orscale").removeHandler(handler)
             handler.close()

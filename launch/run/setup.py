@@ -247,6 +247,7 @@ def setup_run(cfg: Config) -> Run:
         extra={
             "params": params,
             "non_embedding_params": model.num_params(non_embedding=True),
+            "model": meta["model"],  # the resolved shape: a run directory describes itself (the report reads it)
             "accum_steps": accum_steps,
             "data": docs.describe(),
             "val_end": {"piece": val_end[0], "row": val_end[1]},

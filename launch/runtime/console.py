@@ -43,7 +43,7 @@ def setup_logging(rank: int) -> None:
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
 
 
-# Set by `launch.runtime.elastic` (what `python -m launch.launcher` runs) for its workers: it drops
+# Set by `launch.launcher.torchrun` (what `python -m launch.launcher` runs) for its workers: it drops
 # torchrun's traceback and failure report after a user error, so the error line stands alone.
 SHORT_ERRORS_ENV = "ORSCALE_SHORT_ERRORS"
 

@@ -36,7 +36,7 @@ class StopFlag:
         if self._group is None:
             return self.raised
         decided = False
-        if self._work is not None:
+        if self._work is not None and self._posted is not None:
             self._work.wait()  # posted a step ago: already done
             decided = bool(self._posted.item() > 0)  # a CPU tensor: no device sync
         self._posted = torch.tensor([float(self.raised)], device="cpu")

@@ -66,6 +66,8 @@ class StallWatch:
             self.every_s,
         )
         for stream in (sys.stderr, sys.__stderr__):  # a stand-in stderr without a file descriptor: the real one
+            if stream is None:
+                continue
             try:
                 stream.flush()
                 faulthandler.dump_traceback(file=stream, all_threads=True)

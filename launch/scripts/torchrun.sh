@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One node, N processes (default: every visible GPU), through launch/launcher.py (torchrun with a
+# One node, N processes (default: every visible GPU), through python -m launch.launcher (torchrun with a
 # clean preemption path: SIGTERM -> checkpoint -> exit 0).
 #   launch/scripts/torchrun.sh configs/125m.yaml optim.name=orscale_lm parallel.backend=fsdp
 set -euo pipefail

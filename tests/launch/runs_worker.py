@@ -13,7 +13,7 @@ import json
 import sys
 
 if __name__ == "__main__":
-    from launch.runtime.parent_death import die_with_parent
+    from launch.launcher.parent_death import die_with_parent
 
     die_with_parent()
 

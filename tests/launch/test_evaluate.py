@@ -19,9 +19,7 @@ from evals import EvalConfig, load_task, score_batches
 from launch.checkpoint import Checkpointer
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.config import load_config, to_dict
-from launch.evaluate import main
-from launch.export import export_hf
-from launch.run.downstream import (
+from launch.evaluation.downstream import (
     METRIC_KEYS,
     eval_metrics,
     native_logprobs,
@@ -29,6 +27,8 @@ from launch.run.downstream import (
     score_tasks,
     summary_line,
 )
+from launch.evaluation.offline import main
+from launch.export import export_hf
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT
 from models.presets import get_preset

@@ -77,7 +77,7 @@ def test_a_launcher_killed_during_start_up_takes_its_workers_along(tmp_path):
     an orphan into the run directory; the relaunch runs normally."""
     import psutil
 
-    from launch.runtime.parent_death import init_cmdline
+    from launch.launcher.parent_death import init_cmdline
 
     if any(name in init_cmdline() for name in ("python", "torchrun", "accelerate", "deepspeed")):
         pytest.skip("PID 1 here is a launcher-like process: an adopted worker cannot tell")
@@ -270,7 +270,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("target", ["launcher", "process group"])
 def test_sigterm_under_the_launcher_checkpoints_and_exits_zero(tmp_path, target):
-    """launch/launcher.py (what launch/torchrun.sh and the Slurm script run): SIGTERM to it, or to
+    """launch/launcher/forwarding.py (what launch/torchrun.sh and the Slurm script run): SIGTERM to it, or to
     its whole process group as a terminal or a scheduler would, ends 2 ranks with a checkpoint and
     exit status 0 (plain torchrun exits 1 and kills the workers after 30 s)."""
     import sys

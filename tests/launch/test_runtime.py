@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from launch import launcher
+from launch.launcher import forwarding as launcher
+from launch.launcher import parent_death
+from launch.launcher import torchrun as elastic
 from launch.report import cli as report_cli
-from launch.runtime import console, elastic, parent_death
+from launch.runtime import console
 from tests.helpers import ROOT
 
 
@@ -42,7 +44,7 @@ def test_adopted_by_init_tells_an_init_from_a_launcher_at_pid_1(monkeypatch):
 # Reads the process's parent-death signal back from the kernel (PR_GET_PDEATHSIG = 2).
 _PDEATHSIG = """
 import ctypes, sys
-from launch.runtime.parent_death import die_with_parent
+from launch.launcher.parent_death import die_with_parent
 die_with_parent()
 sig = ctypes.c_int(-1)
 ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))
@@ -95,7 +97,7 @@ def test_the_user_error_filter_drops_only_exit_status_2():
     assert keep(make(line.format(1))) and keep(make(line.format(-9)))
 
 
-# A stand-in for `python -m launch.runtime.elastic`: one "worker" child that, on SIGTERM, writes a
+# A stand-in for `python -m launch.launcher.torchrun`: one "worker" child that, on SIGTERM, writes a
 # mark (the checkpoint it would save) and exits 0; the stand-in exits with the worker's status.
 _FAKE_TORCHRUN = """
 import subprocess, sys
@@ -119,7 +121,7 @@ def test_the_launcher_forwards_sigterm_to_the_workers_and_exits_with_them(tmp_pa
     mark, ready = tmp_path / "saved", tmp_path / "ready"
     (tmp_path / "worker.py").write_text(_FAKE_WORKER)
     (tmp_path / "torchrun.py").write_text(_FAKE_TORCHRUN)
-    fake = tmp_path / "fake_python"  # ignores `-m launch.runtime.elastic ARGS`
+    fake = tmp_path / "fake_python"  # ignores `-m launch.launcher.torchrun ARGS`
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'torchrun.py'} {tmp_path / 'worker.py'}\n")
     fake.chmod(0o755)
     monkeypatch.setattr(launcher.sys, "executable", str(fake))  # the launcher's `python -m ...elastic`

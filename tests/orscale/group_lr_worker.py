@@ -63,13 +63,13 @@ def _groups(engine) -> list[tuple[str, float]]:
 
 
 def run(backend: str, optim: str) -> dict:
-    from launch.engine.registry import build_engine
+    from launch.engine import engine_class
     from launch.runtime.process_group import compute_dtype, init_distributed
 
     cfg = load_config(None, [*OVERRIDES, f"optim.name={optim}", f"parallel.backend={backend}"])
     env = init_distributed(backend, "cpu")
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine = build_engine(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps=1)
+    engine = engine_class(backend)(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(0, 256, (STEPS, 2 * env.world_size, SEQ + 1), generator=gen)
     steps = []

@@ -1,7 +1,7 @@
-"""torchrun (`torch.distributed.run`) as `launch.launcher` starts it: the same arguments and
-behaviour, but when every failed worker exited with a user error (status 2: its one `error: ...`
-line is already printed) torchrun's own traceback and failure report are left out, so that line is
-what the user sees. A worker that crashed keeps torchrun's full report."""
+"""torchrun (`torch.distributed.run`) as `launch.launcher` starts it (`python -m launch.launcher.torchrun`):
+the same arguments and behaviour, but when every failed worker exited with a user error (status 2: its
+one `error: ...` line is already printed) torchrun's own traceback and failure report are left out, so
+that line is what the user sees. A worker that crashed keeps torchrun's full report."""
 
 from __future__ import annotations
 

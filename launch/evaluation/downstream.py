@@ -4,8 +4,8 @@ batches, one all-reduce for all tasks, the same numbers on every backend and wor
     summaries = score_tasks(engine.module, engine.autocast, tokenizer, cfg.eval, env, cfg.data.seq_len)
     run_dir.write({"step": ..., "tokens": ..., **eval_metrics(summaries)})
 
-`launch.loop` calls it at the validation steps; `launch.evaluate` (a checkpoint or an HF export, one
-process) uses the pieces below it (`prepare_tasks`, `score_prepared`) to also keep every example's
+`launch.loop` calls it at the validation steps; `launch.evaluation.offline` (a checkpoint or an HF
+export, one process) uses the pieces below it (`prepare_tasks`, `score_prepared`) to also keep every example's
 log-likelihoods. The scoring itself is `evals/`; this module only adds the model and the ranks.
 """
 

@@ -32,10 +32,17 @@ def die_with_parent() -> None:
     exit at once if the launcher is already gone (this worker was re-parented to init)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
+    parent = os.getppid()
+    ask_for_death_signal()
+    if os.getppid() != parent or adopted_by_init():  # the launcher died before the request took effect
+        os._exit(1)
+
+
+def ask_for_death_signal() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
     import ctypes
     import signal
 
-    parent = os.getppid()
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent or adopted_by_init():  # the launcher died before the request took effect
-        os._exit(1)
