@@ -1,4 +1,4 @@
-"""Time `python -m launch.report` on a synthetic sweep: 200 run directories of 20,000 steps each.
+"""Time `python -m report` on a synthetic sweep: 200 run directories of 20,000 steps each.
 
     python -m bench.bench_report [--runs 200] [--steps 20000] [--keep DIR]
 
@@ -144,10 +144,13 @@ def generate(root: Path, n_runs: int, steps: int) -> int:
         run.mkdir(parents=True)
         cfg = config(scale, optim, lr, seed, steps, run)
         (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        total, _ = params(scale)
+        total, nonemb = params(scale)
+        n_layer, d, ctx, _ = SCALES[scale]  # the presets' heads equal their layers
+        model = {"n_layer": n_layer, "d_model": d, "n_head": n_layer, "max_seq_len": ctx, "vocab_size": 50304}
+        setup = {"params": total, "non_embedding_params": nonemb, "model": model, "world_size": 8}
         (run / "run.log").write_text(
             f"2026-01-01 00:00:00,000 INFO run dir {run}, git commit 0123456789abcdef0123456789abcdef01234567\n"
-            f"2026-01-01 00:00:00,001 INFO setup: {json.dumps({'params': total, 'world_size': 8})}\n"
+            f"2026-01-01 00:00:00,001 INFO setup: {json.dumps(setup)}\n"
         )
         tps = SCALES[scale][3]
         # L(N) = 1.8 + 60 N^-0.2 (AdamW), Muon-family runs a few percent lower, a bowl in log LR, seed noise.
@@ -188,13 +191,13 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         for attempt in range(2):  # the first run also warms the page cache and .pyc files
             t0 = time.perf_counter()
-            cmd = [sys.executable, "-m", "launch.report", str(tmp / "runs"), "--out", str(tmp / "report")]
+            cmd = [sys.executable, "-m", "report", str(tmp / "runs"), "--out", str(tmp / "report")]
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             took = time.perf_counter() - t0
             if proc.returncode != 0:
                 sys.exit(f"report failed:\n{proc.stderr[-3000:]}")
             print(
-                f"run {attempt + 1}: python -m launch.report on {args.runs} runs: {took:.2f} s (target < 10 s); "
+                f"run {attempt + 1}: python -m report on {args.runs} runs: {took:.2f} s (target < 10 s); "
                 f"{proc.stdout.strip()}"
             )
     finally:

@@ -3,7 +3,7 @@
     python -m bench.run_logs pack runs/cpu_ladder docs/results/cpu_ladder/run_logs.tar.xz
     python -m bench.run_logs unpack docs/results/cpu_ladder/run_logs.tar.xz runs/cpu_ladder
 
-The archive holds what `launch.report` and `launch.sweep` read of a finished run (config.yaml, run.log,
+The archive holds what `report` and `launch.sweep` read of a finished run (config.yaml, run.log,
 metrics.jsonl, sweep.out, downstream/*.json) and the sweep's sweep_plan.json; no checkpoints and no
 unfinished run (a run directory without its checkpoint could not resume). So a report ships with
 the logs that rebuild it, and a sweep stopped on one machine continues on another: unpack, then run
@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from launch.run.records import find_run_dirs, read_run
+from report.records import find_run_dirs, read_run
 
 RUN_FILES = ("config.yaml", "run.log", "metrics.jsonl", "sweep.out")
 

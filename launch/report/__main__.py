@@ -1,7 +1,7 @@
-"""`python -m launch.report`: see launch/report/cli.py."""
+"""`python -m launch.report RUNS_DIR --out DIR`, the old name of `python -m report`."""
 
 import sys
 
-from launch.report.cli import main
+from report.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m launch.report"))

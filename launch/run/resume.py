@@ -27,9 +27,9 @@ from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_in
 from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
-from launch.run.records import read_metrics
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
 from orscale.optim_config import ELEMENTWISE
+from report.records import read_metrics
 
 log = logging.getLogger("orscale")
 

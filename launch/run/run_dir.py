@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -24,19 +23,9 @@ import yaml
 from launch.config import TrainConfig
 from launch.errors import ConfigError
 from launch.run.provenance import environment, git_commit
+from report.records import strict_json  # the run records' one JSON rule, shared with the report
 
 log = logging.getLogger("orscale")
-
-
-def strict_json(value: Any) -> Any:
-    """`value` with every non-finite float as None, so each line is strict JSON (no bare NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
 
 
 # (step, line) for each entry of a per-step log, and the numbers of the lines that do not parse

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.run.records import read_run
 from launch.sweep.slurm import Job, render
 from launch.sweep.spec import ROOT, Cell, Sweep
+from report.records import read_run
 
 
 def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:

@@ -14,39 +14,21 @@ Without `lr_search`: every LR x seed of every (scale, optimizer), all at once. W
 A diverged run (non-finite final loss) counts as the worst. Ties go to the lower LR.
 
 The plan is written to `runs_dir/sweep_plan.json` (search seed, seeds, points tried, best point per
-group), which `launch.report` reads to keep LR selection and scoring on different seeds.
+group), which the report reads to keep LR selection and scoring on different seeds; its format, the
+points, the run names and the best-point rule are report/points.py's.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from launch.sweep.spec import Cell, CellGroup, Sweep
+from report.points import GroupPlan, Point, SweepPlan, best, edge, point
 
-PLAN_FILE = "sweep_plan.json"
 State = Callable[[Cell], tuple[bool, float | None]]  # (finished, final val loss)
-
-
-Point = tuple[float, float | None]  # (optim.lr, optim.adamw_lr); None: adamw_lr unset (= lr)
-
-
-@dataclass
-class GroupPlan:
-    lrs: list[float]  # every LR tried (or to try) with adamw_lr unset on the search seed, ascending
-    best_lr: float | None = None  # decided once every search run finished
-    at_edge: bool = False  # the best point is still at an edge of a line (max_extra reached)
-    note: str = ""
-    best_adamw_lr: float | None = None  # the best point's adamw_lr (None: unset, = best_lr)
-    shared_lr: float | None = None  # the best LR with adamw_lr unset (step 2), when scored on its own
-    points: list[Point] = field(default_factory=list)  # every point of the search seed, in search order
-
-    @property
-    def best(self) -> Point | None:
-        return None if self.best_lr is None else (self.best_lr, self.best_adamw_lr)
 
 
 @dataclass
@@ -55,36 +37,10 @@ class Plan:
     waiting: list[str] = field(default_factory=list)  # what cannot be planned yet, and why
     groups: dict[str, GroupPlan] = field(default_factory=dict)
 
-    def to_json(self, sweep: Sweep) -> dict[str, Any]:
-        search = sweep.search
-        return {
-            "sweep": str(sweep.path),
-            "lr_search": None
-            if search is None
-            else {
-                "seed": search.seed,
-                "max_extra": search.max_extra,
-                "factor": search.factor,
-                "adamw_ratios": list(search.adamw_ratios),
-                "rounds": search.rounds,
-                "shared": search.shared,
-            },
-            "seeds": sweep.seeds,
-            "groups": {
-                gid: {
-                    "lrs": gp.lrs,
-                    "best_lr": gp.best_lr,
-                    "best_adamw_lr": gp.best_adamw_lr,
-                    "shared_lr": gp.shared_lr,
-                    "points": [list(pt) for pt in gp.points],
-                    "at_edge": gp.at_edge,
-                    "note": gp.note,
-                    "lr_from": next((g.lr_from for g in sweep.groups if g.id == gid), None),
-                    "lr_from_optim": next((g.lr_from_optim for g in sweep.groups if g.id == gid), None),
-                }
-                for gid, gp in self.groups.items()
-            },
-        }
+    def file(self, sweep: Sweep) -> SweepPlan:
+        """What sweep_plan.json records (report/points.py reads it back)."""
+        settings = None if sweep.search is None else dataclasses.asdict(sweep.search)  # lr_search as resolved
+        return SweepPlan(self.groups, sweep.seeds, settings, str(sweep.path))
 
 
 def _factor(sweep: Sweep, g: CellGroup) -> float:
@@ -98,11 +54,6 @@ def _factor(sweep: Sweep, g: CellGroup) -> float:
 
 def _round(x: float) -> float:
     return float(f"{x:.4g}")
-
-
-def _point(lr: float, adamw_lr: float) -> Point:
-    """The cell of (lr, adamw_lr): adamw_lr equal to lr is the unset (shared) cell, not a copy of it."""
-    return (lr, None if math.isclose(adamw_lr, lr, rel_tol=1e-9) else adamw_lr)
 
 
 @dataclass
@@ -123,25 +74,17 @@ def _line(values: list[float], loss: Callable[[float], tuple[bool, float | None]
         states = [loss(v) for v in values]
         if not all(done for done, _ in states):
             return _Line(values)
-        got = {
-            v: (x if x is not None and math.isfinite(x) else math.inf) for v, (_, x) in zip(values, states, strict=True)
-        }
-        if all(math.isinf(x) for x in got.values()):
+        got = {v: x for v, (_, x) in zip(values, states, strict=True)}
+        if not any(x is not None and math.isfinite(x) for x in got.values()):
             return _Line(values, diverged=True)
-        best = min(values, key=lambda v: (got[v], v))
-        edge = (
-            "low"
-            if best == values[0] and len(values) > 1
-            else "high"
-            if best == values[-1] and len(values) > 1
-            else None
-        )
-        if edge is None:
-            return _Line(values, best)
-        if used[edge] >= extra:
-            return _Line(values, best, edge)
-        used[edge] += 1
-        values = [_round(values[0] / factor), *values] if edge == "low" else [*values, _round(values[-1] * factor)]
+        at = best(got)
+        side = edge(values, at)
+        if side is None:
+            return _Line(values, at)
+        if used[side] >= extra:
+            return _Line(values, at, side)
+        used[side] += 1
+        values = [_round(values[0] / factor), *values] if side == "low" else [*values, _round(values[-1] * factor)]
 
 
 def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
@@ -149,12 +92,12 @@ def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
     search, factor = sweep.search, _factor(sweep, g)
     seed, extra = search.seed, search.max_extra
 
-    def loss(point: Point) -> tuple[bool, float | None]:
-        return state(g.cell(point[0], seed, point[1]))
+    def loss(p: Point) -> tuple[bool, float | None]:
+        return state(g.cell(p, seed))
 
     gp = GroupPlan(sorted(g.lrs))
-    shared = _line(g.lrs, lambda lr: loss((lr, None)), factor, extra)
-    gp.lrs, gp.points = shared.values, [(lr, None) for lr in shared.values]
+    shared = _line(g.lrs, lambda lr: loss(point(lr)), factor, extra)
+    gp.lrs, gp.points = shared.values, [point(lr) for lr in shared.values]
     waiting = f"{g.id}: the evaluation seeds wait for the LR search on seed {seed}"
     if shared.diverged:
         gp.note = "every LR diverged"
@@ -173,27 +116,27 @@ def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
             if round_ == 0
             else [_round(adamw / factor), adamw, _round(adamw * factor)]
         )
-        line = _line(values, lambda a, lr=lr: loss(_point(lr, a)), factor, extra)
-        gp.points += [_point(lr, a) for a in line.values]
+        line = _line(values, lambda a, lr=lr: loss(point(lr, a)), factor, extra)
+        gp.points += [point(lr, a) for a in line.values]
         if line.best is None:
             plan.waiting.append(waiting)
             return gp
         adamw, edges["adamw_lr"] = line.best, line.edge
         line = _line(
-            [_round(lr / factor), lr, _round(lr * factor)], lambda x, a=adamw: loss(_point(x, a)), factor, extra
+            [_round(lr / factor), lr, _round(lr * factor)], lambda x, a=adamw: loss(point(x, a)), factor, extra
         )
-        gp.points += [_point(x, adamw) for x in line.values]
+        gp.points += [point(x, adamw) for x in line.values]
         if line.best is None:
             plan.waiting.append(waiting)
             return gp
         lr, edges["LR"] = line.best, line.edge
         if (lr, adamw) == start:
             break
-    gp.best_lr, gp.best_adamw_lr = _point(lr, adamw)
+    gp.best = point(lr, adamw)
     gp.points = list(dict.fromkeys(gp.points))
-    edge = [f"{name} still at the {side} edge" for name, side in edges.items() if side]
-    gp.at_edge = bool(edge)
-    gp.note = f"best {' and '.join(edge)} after {extra} extensions" if edge else ""
+    at = [f"{name} still at the {side} edge" for name, side in edges.items() if side]
+    gp.at_edge = bool(at)
+    gp.note = f"best {' and '.join(at)} after {extra} extensions" if at else ""
     return gp
 
 
@@ -202,17 +145,16 @@ def plan(sweep: Sweep, state: State) -> Plan:
     out = Plan()
     if sweep.search is None:
         out.cells = sweep.cells
-        for g in sweep.groups:
-            out.groups[g.id] = GroupPlan(sorted(g.lrs))
+        out.groups = {g.id: GroupPlan(sorted(g.lrs)) for g in sweep.groups}
         return out
     seed = sweep.search.seed
     for g in sweep.groups:
         if g.searched:
             gp = out.groups[g.id] = _search(sweep, g, state, out)
-            out.cells += [g.cell(lr, seed, alr) for lr, alr in gp.points]
-            for point in (gp.best, (gp.shared_lr, None) if gp.shared_lr is not None else None):
-                if point is not None and gp.best is not None:
-                    out.cells += [g.cell(point[0], s, point[1]) for s in sweep.seeds]
+            out.cells += [g.cell(p, seed) for p in gp.points]
+            for p in (gp.best, point(gp.shared_lr) if gp.shared_lr is not None else None):
+                if p is not None and gp.best is not None:
+                    out.cells += [g.cell(p, s) for s in sweep.seeds]
     for g in sweep.groups:  # lr_from: another scale's and/or another optimizer's best point
         if g.searched:
             continue
@@ -222,13 +164,14 @@ def plan(sweep: Sweep, state: State) -> Plan:
             out.waiting.append(f"{g.id}: waits for the best LR of {source_id}")
             out.groups[g.id] = GroupPlan([])
             continue
-        lr, alr = source.best
-        note = f"LRs from {source_id}"
-        out.groups[g.id] = GroupPlan([lr], lr, source.at_edge, note, alr, points=[(lr, alr)])
-        out.cells += [g.cell(lr, s, alr) for s in sweep.seeds]
+        b = source.best
+        out.groups[g.id] = GroupPlan([b[0]], b, source.at_edge, f"LRs from {source_id}", points=[b])
+        out.cells += [g.cell(b, s) for s in sweep.seeds]
         if source.shared_lr is not None and g.lr_from_optim is None:  # a token budget: its shared point too
             out.groups[g.id].shared_lr = source.shared_lr
-            out.cells += [g.cell(source.shared_lr, s) for s in sweep.seeds]
+            out.cells += [g.cell(point(source.shared_lr), s) for s in sweep.seeds]
+    for g in sweep.groups:
+        out.groups[g.id].lr_from, out.groups[g.id].lr_from_optim = g.lr_from, g.lr_from_optim
     unique: dict[str, Cell] = {}
     for c in out.cells:
         unique.setdefault(c.id, c)
@@ -237,7 +180,4 @@ def plan(sweep: Sweep, state: State) -> Plan:
 
 
 def write_plan(sweep: Sweep, p: Plan) -> None:
-    sweep.runs_dir.mkdir(parents=True, exist_ok=True)
-    tmp = sweep.runs_dir / (PLAN_FILE + ".tmp")
-    tmp.write_text(json.dumps(p.to_json(sweep), indent=1))
-    tmp.replace(sweep.runs_dir / PLAN_FILE)
+    p.file(sweep).write(sweep.runs_dir)

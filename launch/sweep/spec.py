@@ -33,7 +33,8 @@ scale (the paper's claim that OrScale-LM inherits Moonlight's LRs, tested as suc
 second dimension: after the LR search above, which runs with adamw_lr = lr (the *shared* protocol),
 a line over adamw_lr = ratio x the best LR at that LR, then a line over the LR at the best adamw_lr,
 `rounds` times (each line edge-extended like the first); `shared: true` also runs `seeds` at the
-shared protocol's best LR. Cells with their own adamw_lr live in `lr<lr>-alr<adamw_lr>-seed<seed>`.
+shared protocol's best LR. Cells with their own adamw_lr live in `lr<lr>-alr<adamw_lr>-seed<seed>`
+(report/points.py: points, run names and the plan file, shared with the report).
 Every problem raises SpecError with one line naming the key.
 """
 
@@ -52,6 +53,7 @@ from launch.sweep.search_spec import LrSearch, parse_search
 from launch.sweep.spec_values import SpecError as SpecError  # raised here; callers catch it from spec
 from launch.sweep.spec_values import fail as _fail
 from launch.sweep.spec_values import lrs as _lrs
+from report.points import Point, adamw_override, point, run_name
 
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "optim.adamw_lr", "train.seed")  # owned by the grid
@@ -83,7 +85,7 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{self.scale}/{self.optim}/{point_tag(self.lr, self.adamw_lr)}-seed{self.seed}"
+        return f"{self.scale}/{self.optim}/{self.run_dir.name}"
 
     def value(self, dotted: str, default: Any = None) -> Any:
         """The resolved value of a key: the last override, else the base YAML, else `default`."""
@@ -117,8 +119,9 @@ class CellGroup:
     def searched(self) -> bool:
         return self.lr_from is None and self.lr_from_optim is None
 
-    def cell(self, lr: float, seed: int, adamw_lr: float | None = None) -> Cell:
-        run_dir = self.runs_dir / self.scale / self.optim / f"{point_tag(lr, adamw_lr)}-seed{seed}"
+    def cell(self, p: Point, seed: int) -> Cell:
+        lr, adamw_lr = p[0], adamw_override(p)
+        run_dir = self.runs_dir / self.scale / self.optim / run_name(p, seed)
         axes = [f"optim.lr={lr!r}", *([f"optim.adamw_lr={adamw_lr!r}"] if adamw_lr is not None else [])]
         axes += [f"train.seed={seed}", f"run.dir={run_dir}"]
         return Cell(self.scale, self.optim, lr, seed, self.base, [*self.overrides, *axes], run_dir, adamw_lr)
@@ -137,18 +140,9 @@ class Sweep:
     def cells(self) -> list[Cell]:
         """The cells known before anything runs: every LR x seed (no search), or the search grids."""
         if self.search is None:
-            return [g.cell(lr, seed) for g in self.groups for lr in g.lrs for seed in self.seeds]
+            return [g.cell(point(lr), seed) for g in self.groups for lr in g.lrs for seed in self.seeds]
         seed = self.search.seed
-        return [g.cell(lr, seed) for g in self.groups if g.searched for lr in g.lrs]
-
-
-def lr_tag(lr: float) -> str:
-    return f"lr{lr:.6g}"
-
-
-def point_tag(lr: float, adamw_lr: float | None) -> str:
-    """A cell's directory stem: lr<lr>, or lr<lr>-alr<adamw_lr> when optim.adamw_lr is set."""
-    return lr_tag(lr) + (f"-alr{adamw_lr:.6g}" if adamw_lr is not None else "")
+        return [g.cell(point(lr), seed) for g in self.groups if g.searched for lr in g.lrs]
 
 
 _yaml_cache: dict[Path, Any] = {}

@@ -1,7 +1,7 @@
-"""The process plumbing in the fast loop: parent death, torchrun's user-error path, the launcher's
-signal forwarding and the report's command line. Each runs in-process or starts a bare Python (no
-torch import), so none of them costs more than a second; the end-to-end kill and SIGTERM runs under
-torchrun are in test_resume.py (slow)."""
+"""The process plumbing in the fast loop: parent death, torchrun's user-error path and the launcher's
+signal forwarding (the report's command line: tests/report/test_cli.py). Each runs in-process or
+starts a bare Python (no torch import), so none of them costs more than a second; the end-to-end kill
+and SIGTERM runs under torchrun are in test_resume.py (slow)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from launch.launcher import forwarding as launcher
 from launch.launcher import parent_death
 from launch.launcher import torchrun as elastic
-from launch.report import cli as report_cli
 from launch.runtime import console
 from tests.helpers import ROOT
 
@@ -141,16 +140,6 @@ def test_the_launcher_forwards_sigterm_to_the_workers_and_exits_with_them(tmp_pa
             signal.signal(s, handler)
     assert rc == 0  # the worker finished its "save" and exited 0; torchrun with it
     assert mark.read_text() == "saved"
-
-
-def test_report_cli_missing_dir_is_one_line_and_an_empty_one_reports_nothing(tmp_path, capsys):
-    assert report_cli.main([str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: runs directory '{tmp_path / 'nope'}' not found"]
-    (tmp_path / "runs").mkdir()
-    assert report_cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
-    assert "(0 runs, 0 finished, 0 table rows)" in capsys.readouterr().out
-    assert "0 run directories" in Path(tmp_path / "out" / "report.md").read_text()
 
 
 def test_a_user_error_under_plain_torchrun_names_the_short_launcher_and_fills_torchruns_report(

@@ -9,8 +9,9 @@ import math
 import pytest
 import yaml
 
-from launch.sweep.plan import PLAN_FILE, plan, write_plan
+from launch.sweep.plan import plan, write_plan
 from launch.sweep.spec import SpecError, load_sweep
+from report.points import PLAN_FILE
 
 
 def _sweep(tmp_path, **changes):

@@ -1,16 +1,14 @@
-"""Small shared pieces of report.md and summary.json: optimizer display names, the table writer,
-number and provenance formatting, and strict JSON."""
+"""How report.md and the figures write things: optimizer names, tables, numbers (one rule: a true
+minus sign, ∞, "diverged"), LRs, parameter counts and provenance."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-if TYPE_CHECKING:
-    from launch.run.records import RunRecord
+from report.points import tied
+from report.records import RunRecord
 
 OPT_NAMES = {
     "adamw": "AdamW",
@@ -30,22 +28,33 @@ def opt_name(name: str) -> str:
     return OPT_NAMES.get(base, base) + (f" #{tag}" if tag else "")
 
 
+def order(names: Any) -> list[str]:
+    """Optimizers in the report's order: the named ones as listed above, then the rest by name."""
+    return sorted(names, key=lambda n: (list(OPT_NAMES).index(n) if n in OPT_NAMES else 99, n))
+
+
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def strict_json(x: Any) -> Any:
-    """NaN -> null and ±inf -> "inf"/"-inf" (a speedup beyond AdamW's asymptote), tuples -> lists:
-    summary.json stays valid JSON for any reader, not only Python's."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {str(k): strict_json(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [strict_json(v) for v in x]
-    if isinstance(x, np.generic):
-        return strict_json(x.item())
-    return x
+def num(v: Any, nd: int = 4, sign: bool = False) -> str:
+    """A number with `nd` decimals (and its sign), "—" for none, "diverged" for NaN."""
+    if v is None or not isinstance(v, (int, float)):
+        return "—"
+    if not math.isfinite(v):
+        return "∞" if v > 0 else "−∞" if v < 0 else "diverged"
+    return (f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}").replace("-", "−")
+
+
+def sig(v: Any, nd: int = 3) -> str:
+    """A number with `nd` significant digits."""
+    if v is None or not isinstance(v, (int, float)):
+        return "—"
+    return "∞" if math.isinf(v) else f"{v:.{nd}g}"
+
+
+def interval(lo: float, hi: float, nd: int = 4) -> str:
+    return f"[{num(lo, nd, True)}, {num(hi, nd, True)}]"
 
 
 def human(n: float) -> str:
@@ -56,23 +65,10 @@ def human(n: float) -> str:
     return f"{n:.3g}"
 
 
-def fmt(x: float | None, nd: int = 4, sign: bool = False) -> str:
-    if x is None:
-        return "—"
-    if not math.isfinite(x):
-        return "diverged" if isinstance(x, float) and math.isnan(x) else str(x)
-    return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
-
-
-def fmt_lr(lr: float) -> str:
-    return f"{lr:.4g}"
-
-
-def fmt_point(point: tuple[float, float]) -> str:
+def fmt_point(p: tuple[float, float]) -> str:
     """A run's two peak LRs: "0.004" when the AdamW group's equals the matrices', else "0.004 / 0.016"
     (matrices / AdamW group: embedding, head, norm gains)."""
-    lr, adamw = point
-    return fmt_lr(lr) + ("" if math.isclose(lr, adamw, rel_tol=1e-6) else f" / {fmt_lr(adamw)}")
+    return f"{p[0]:.4g}" + ("" if tied(p) else f" / {p[1]:.4g}")
 
 
 def short_commit(c: str) -> str:

@@ -1,11 +1,11 @@
-"""Reading run directories back: the one place metrics.jsonl is parsed.
+"""Reading run directories back: the one place config.yaml, run.log and metrics.jsonl are parsed.
 
 * `read_metrics(path)`: every record of a metrics.jsonl and the lines that do not parse (a resume
   rewrites the file up to its step with it).
 * `read_run(dir)`: config.yaml, run.log provenance and metrics, quickly, for `launch.sweep` (is a
-  cell finished?) and `launch.report` (everything else). A 20,000-step run logs ~2,000 training
-  lines of ~3 KB (the `diag/...` keys) but only ~20 evaluation lines, so this reader never parses
-  every line: it finds the evaluation lines with a byte search and json-parses a few evenly spaced
+  cell finished?) and the report (everything else). A 20,000-step run logs ~2,000 training lines
+  of ~3 KB (the `diag/...` keys) but only ~20 evaluation lines, so this reader never parses every
+  line: it finds the evaluation lines with a byte search and json-parses a few evenly spaced
   training lines (enough for throughput medians and diagnostic curves).
 """
 
@@ -17,32 +17,22 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from launch.nested import dotted_get, load_yaml
-
 TRAIN_SAMPLES = 64  # training lines parsed per run (evenly spaced, plus the last one)
 # Training-line keys the report uses; everything else in a line is dropped right after parsing.
-TRAIN_KEYS = (
-    "step",
-    "tokens",
-    "tokens_per_s",
-    "mfu",
-    "mfu_causal",
-    "peak_mem_gib",
-    "data_wait_frac",
-    "params",
-    "non_embedding_params",
-    "chinchilla_multiple",
-    "diag/all/r",
-    "diag/all/cum_frac_rmax",
-    "diag/all/frac_rmin",
+TRAIN_KEYS = tuple(
+    "step tokens tokens_per_s mfu mfu_causal peak_mem_gib data_wait_frac params non_embedding_params "
+    "chinchilla_multiple diag/all/r diag/all/cum_frac_rmax diag/all/frac_rmin".split()
 )
 _COMMIT = re.compile(r"git commit (\S+)")
 _SETUP = re.compile(r"setup: (\{.*\})\s*$", re.M)
+# config.yaml is the trainer's yaml.safe_dump, which PyYAML's safe loader reads back exactly.
+_Loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
@@ -64,6 +54,21 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def strict_json(value: Any) -> Any:
+    """`value` as strict JSON for any reader: every non-finite number as null (a field holds a
+    number or null, never a string or a bare NaN), tuples as lists, numpy scalars as Python's.
+    metrics.jsonl's lines and the report's summary.json both go through it."""
+    if hasattr(value, "item") and not isinstance(value, (dict, list, tuple)):
+        value = value.item()  # a numpy scalar
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 @dataclass
 class RunRecord:
     path: Path
@@ -79,7 +84,13 @@ class RunRecord:
     problem: str | None = None  # why the run is not finished (None: finished)
 
     def cfg(self, dotted: str, default: Any = None) -> Any:
-        return dotted_get(self.config or {}, dotted, default)
+        """config["a"]["b"] for "a.b", or `default` where a level is missing."""
+        node: Any = self.config or {}
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
 
     @property
     def finished(self) -> bool:
@@ -91,7 +102,7 @@ class RunRecord:
         if not self.finished:
             return None
         v = self.evals[-1].get("val_loss")
-        return float(v) if finite(v) else math.nan
+        return float(v) if v is not None and finite(v) else math.nan
 
     @property
     def final_tokens(self) -> int | None:
@@ -122,28 +133,28 @@ def _not_training(line: bytes) -> bool:
     return b'"val_loss"' in line or b'"eval/' in line
 
 
+def _line_at(data: bytes, start: int, end: int) -> tuple[bytes, int]:
+    stop = data.find(b"\n", start, end)
+    stop = end if stop == -1 else stop
+    return data[start:stop], stop
+
+
 def _sample_metrics(run: RunRecord, data: bytes) -> None:
     """Fill run.evals / run.train / run.last_train / run.torn from metrics.jsonl's bytes."""
     end = len(data)
     if data and not data.endswith(b"\n"):  # every write ends in a newline: the tail is torn
         cut = data.rfind(b"\n") + 1
-        tail = _loads(data[cut:])
-        if tail is None:
-            run.torn = True
-            end = cut
+        if _loads(data[cut:]) is None:
+            run.torn, end = True, cut
     evals: dict[int, dict] = {}
-    eval_spans = []
     pos = data.find(b'"val_loss"', 0, end)
     while pos != -1:
-        start = data.rfind(b"\n", 0, pos) + 1
-        stop = data.find(b"\n", pos, end)
-        stop = end if stop == -1 else stop
-        obj = _loads(data[start:stop])
+        line, stop = _line_at(data, data.rfind(b"\n", 0, pos) + 1, end)
+        obj = _loads(line)
         if obj is None or not isinstance(obj.get("step"), int):
             run.bad_lines += 1
         else:
             evals[obj["step"]] = obj  # a resumed run may repeat a step: the later line wins
-        eval_spans.append((start, stop))
         pos = data.find(b'"val_loss"', stop, end)
     run.evals = [evals[s] for s in sorted(evals)]
 
@@ -152,12 +163,9 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
     if end:
         offsets = {int(i * end / TRAIN_SAMPLES) for i in range(TRAIN_SAMPLES)}
         starts = sorted({0 if o == 0 else data.rfind(b"\n", 0, o) + 1 for o in offsets})
-        last_start = data.rfind(b"\n", 0, end - 1) + 1 if end > 1 else 0
-        starts.append(last_start)
+        starts.append(data.rfind(b"\n", 0, end - 1) + 1 if end > 1 else 0)
         for s in starts:
-            stop = data.find(b"\n", s, end)
-            stop = end if stop == -1 else stop
-            line = data[s:stop]
+            line, _ = _line_at(data, s, end)
             if not line.strip() or _not_training(line):
                 continue
             obj = _loads(line)
@@ -187,15 +195,13 @@ def read_run(path: Path, expected_steps: int | None = None) -> RunRecord:
         raw = cfg_path.read_bytes()
         run.cfg_hash = hashlib.sha256(raw).hexdigest()[:8]
         try:
-            loaded = load_yaml(raw)
+            loaded = yaml.load(raw, Loader=_Loader)
             run.config = loaded if isinstance(loaded, dict) else None
         except yaml.YAMLError:
             run.config = None
     if log_path.is_file():
         text = log_path.read_text(errors="replace")
-        for c in _COMMIT.findall(text):
-            if c not in run.commits:
-                run.commits.append(c)
+        run.commits = list(dict.fromkeys(_COMMIT.findall(text)))
         setups = _SETUP.findall(text)
         if setups:
             try:
@@ -233,3 +239,73 @@ def find_run_dirs(root: Path) -> list[Path]:
             continue
         dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "slurm", "__pycache__"))
     return sorted(found)
+
+
+# ---- read on demand, for the runs a figure or table shows (the best point's seeds), each file once:
+# the Muon-family diagnostics per matrix class (read_run keeps `diag/all/*` only) and the downstream
+# accuracies (the loop's `eval/<task>/*` records, or the offline evaluation's JSON on the final checkpoint).
+CLASSES = ("attn_qkv", "attn_out", "mlp_up", "mlp_down")
+DIAG_SAMPLES = 96  # training lines with diagnostics kept per run (evenly spaced, plus the last)
+_STEP_JSON = re.compile(r"^step_(\d+)\.json$")
+
+
+@lru_cache(maxsize=512)
+def _lines(path: Path, needle: bytes) -> tuple[bytes, ...]:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ()
+    return tuple(line for line in data.split(b"\n") if needle in line)
+
+
+def _step_record(line: bytes) -> dict | None:
+    obj = _loads(line)
+    return obj if obj is not None and isinstance(obj.get("step"), int) else None
+
+
+def diag_series(run: RunRecord) -> list[dict[str, Any]]:
+    """Evenly spaced training records carrying `diag/<class>/<field>` (step, tokens, diag keys)."""
+    lines = _lines(run.path / "metrics.jsonl", b'"diag/')
+    if not lines:
+        return []
+    n, k = len(lines), min(DIAG_SAMPLES, len(lines))
+    out: dict[int, dict] = {}
+    for i in sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)} | {n - 1}):
+        obj = _step_record(lines[i])
+        if obj is not None:
+            out[obj["step"]] = {k: v for k, v in obj.items() if k in ("step", "tokens") or k.startswith("diag/")}
+    return [out[s] for s in sorted(out)]
+
+
+def _from_json(path: Path) -> dict[str, dict] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    summ = doc.get("summaries", doc.get("tasks", doc)) if isinstance(doc, dict) else doc
+    if isinstance(summ, list):
+        summ = {s.get("task"): s for s in summ if isinstance(s, dict)}
+    if not isinstance(summ, dict):
+        return None
+    out = {str(k): {**v, "source": path.name} for k, v in summ.items() if isinstance(v, dict) and finite(v.get("acc"))}
+    return out or None
+
+
+def downstream(run: RunRecord) -> dict[str, dict[str, Any]]:
+    """task -> {acc, acc_norm, acc_per_token, n, chance, [acc_ci, ...], primary_metric?, source} at
+    the end of training: `downstream.json`, else `downstream/step_<max_steps>.json` (the offline
+    evaluation of the final checkpoint), else the last `eval/<task>/*` record at max_steps."""
+    final = run.cfg("train.max_steps")
+    folder = run.path / "downstream"
+    steps = {int(m.group(1)): p for p in folder.iterdir() if (m := _STEP_JSON.match(p.name))} if folder.is_dir() else {}
+    for path in (run.path / "downstream.json", steps.get(final)):
+        got = _from_json(path) if path is not None and path.is_file() else None
+        if got:
+            return got
+    records = [r for r in map(_step_record, _lines(run.path / "metrics.jsonl", b'"eval/')) if r and r["step"] == final]
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in (records[-1] if records else {}).items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval" and finite(value):
+            out.setdefault(parts[1], {"source": f"metrics.jsonl step {final}"})[parts[2]] = value
+    return {t: v for t, v in out.items() if "acc" in v}

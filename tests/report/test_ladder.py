@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from bench import run_logs
-from launch.report.build import build_report
-from launch.report.stats import fit_power_law, t_ppf
 from launch.sweep import sweep_cli
+from report.build import build_report
+from report.stats import fit_power_law, t_ppf
 from tests.helpers import MINI_LADDER
 
 SEARCH, SEEDS = 0, [1, 2]
@@ -160,7 +160,7 @@ def test_speedup_recomputed(ladder):
         assert "does not fall" in entry["reason"]
         return
     fit = fit_power_law([d for d, _ in adam], [y for _, y in adam])
-    assert entry["fit"]["E"] == pytest.approx(fit.E) and entry["fit"]["beta"] == pytest.approx(fit.alpha)
+    assert entry["fit"]["E"] == pytest.approx(fit.E) and entry["fit"]["alpha"] == pytest.approx(fit.alpha)
     lr_o = best_lr(runs, "m2", "orscale_lm")[0]
     for scale, tps in BUDGETS.items():
         loss = float(np.mean(list(scored(runs, scale, "orscale_lm", lr_o).values())))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from launch.report.build import build_report
-from launch.report.stats import compare
 from launch.sweep import sweep_cli
+from report.build import build_report
+from report.stats import compare
 from tests.helpers import MINI_LADDER
 
 SEARCH, SEEDS = 0, [1, 2]
@@ -93,7 +93,7 @@ def test_the_search_ran_both_lrs_and_the_plan_records_them(sweep):
     for optim in GRIDS:
         g = plan["groups"][f"m1/{optim}"]
         tuned = best(sweep["runs"], "m1", optim)
-        assert (g["best_lr"], g["best_adamw_lr"] or g["best_lr"]) == pytest.approx(tuned)
+        assert (g["best_lr"], g["best_adamw_lr"] or g["best_lr"]) == pytest.approx(tuned)  # the plan file's fields
         assert g["shared_lr"] == pytest.approx(best(sweep["runs"], "m1", optim, tied_only=True)[0])
         assert any(p[1] is not None for p in g["points"])  # the AdamW-group LR was searched
     assert plan["groups"]["m1/orscale_lm_transfer"]["lr_from_optim"] == "muon_moonlight"
@@ -139,21 +139,18 @@ def test_the_report_names_the_protocols_and_shows_both_lrs(sweep):
     fig = {e["optim"]: e for e in s["figures"]["loss_vs_both_lrs"]}
     assert set(fig) == set(GRIDS) and all(len(e["points"]) >= 5 for e in fig.values())
     m1 = next(r for r in s["rows"] if r["scale"] == "m1")
-    assert all("best_adamw_lr" in g and g["by_point"] for g in m1["groups"].values())
+    assert all("adamw_lr" in g and g["by_point"] for g in m1["groups"].values())
 
 
 def test_a_groups_score_keeps_its_points_adamw_lr():
     """The scored runs at an untied best point carry both LRs (a tied copy would show the shared LR)."""
-    from types import SimpleNamespace
+    import pandas as pd
 
-    from launch.report.rows import Group, LrCell
+    from report.runs import Group
 
-    run = lambda seed, loss: SimpleNamespace(
-        cfg=lambda k, d=None, s=seed: s if k == "train.seed" else d, final_val=loss
-    )
-    tied = LrCell(1e-3, [run(0, 5.0), run(1, 5.1)])
-    untied = LrCell(1e-3, [run(0, 4.0), run(1, 4.1), run(2, 4.2)], adamw_lr=8e-3)
-    g = Group("adamw", {tied.point: tied, untied.point: untied}, select_seed=0, eval_seeds=(1, 2))
-    assert g.best is untied and g.score.point == (1e-3, 8e-3) and sorted(g.score.losses) == [1, 2]
-    assert g.two_lrs and [c.point for c in g.adamw_line()] == [(1e-3, 1e-3), (1e-3, 8e-3)]
+    lines = [(1e-3, 1e-3, s, 5.0 + s / 10) for s in (0, 1)] + [(1e-3, 8e-3, s, 4.0 + s / 10) for s in (0, 1, 2)]
+    table = pd.DataFrame(lines, columns=["lr", "adamw_lr", "seed", "loss"]).assign(run=None)
+    g = Group("adamw", table, select_seed=0, eval_seeds=(1, 2))
+    assert g.best == (1e-3, 8e-3) and g.score.point == (1e-3, 8e-3) and sorted(g.score.losses) == [1, 2]
+    assert g.two_lrs and g.adamw_line() == [(1e-3, 1e-3), (1e-3, 8e-3)]
     assert g.edge == "highest AdamW-group LR"  # the best is the top of the one line searched through it

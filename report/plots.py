@@ -1,12 +1,15 @@
-"""The report figures' shared kit: fixed colours per optimizer (scales are shades of it, lighter =
-smaller, with their own markers), file names, axes, margins and saving (matplotlib's Figure + Agg
-canvas: no pyplot, no display)."""
+"""The report's figures: `write_all` draws each one (report/figures_training.py: curves, compute,
+diagnostics, throughput; report/figures_scaling.py: LR, both LRs, scaling, data efficiency,
+downstream) and records the numbers it plots in `Report.figures` (summary.json). The kit here:
+fixed colours per optimizer (scales are shades of it, lighter = smaller, with their own markers),
+axes, margins and saving (matplotlib's Figure + Agg canvas: no pyplot, no display)."""
 
 from __future__ import annotations
 
 import math
 import textwrap
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +19,16 @@ from matplotlib import ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from launch.report.markdown_util import human
+from report.fmt import human
 
-FILES = {
+FILES = {  # drawn in every report
     "curves": "val_loss_vs_tokens.png",
     "params": "loss_vs_params.png",
     "lr": "loss_vs_lr.png",
     "diag": "muon_diagnostics.png",
     "throughput": "throughput.png",
 }
-EXTRA = {
+EXTRA = {  # drawn when the logs have something to show
     "flops": "val_loss_vs_flops.png",
     "diag_scales": "muon_diagnostics_vs_params.png",
     "downstream": "accuracy_vs_val_loss.png",
@@ -36,12 +39,39 @@ COLORS = {"adamw": "#1f77b4", "muon_moonlight": "#ff7f0e", "orscale_lm": "#2ca02
 _OTHER = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 MARKERS = "osD^vP*Xh"
 LOSS = "val loss (nats/token)"
+LABEL_EVERY_DECADE_ONLY = 3.0
+
+
+def write_all(rep: Any, out_dir: Path) -> dict[str, str]:
+    """Draw every figure into out_dir; returns kind -> file name (relative to out_dir, for report.md)."""
+    from report import figures_scaling as sc
+    from report import figures_training as tr
+
+    drawers: dict[str, Callable[[Any, Path], Any]] = {
+        "curves": tr.curves,
+        "params": sc.params,
+        "lr": sc.lr,
+        "diag": tr.diagnostics,
+        "throughput": tr.throughput,
+        "flops": tr.flops,
+        "diag_scales": tr.diagnostics_vs_params,
+        "downstream": sc.downstream,
+        "efficiency": sc.efficiency,
+        "lr_grid": sc.lr_grid,
+    }
+    out = dict(FILES)
+    for kind, draw in drawers.items():
+        path = out_dir / (FILES.get(kind) or EXTRA[kind])
+        if draw(rep, path) is not False and kind in EXTRA:
+            out[kind] = EXTRA[kind]
+        elif kind in EXTRA and path.exists():
+            path.unlink()  # a figure from an earlier report that has nothing to show now
+    return out
 
 
 def color(name: str) -> str:
     """An optimizer's colour: fixed for the three compared, stable (name-hashed) for the others."""
-    base = name.split("#")[0]
-    return COLORS.get(base) or _OTHER[zlib.crc32(name.encode()) % len(_OTHER)]
+    return COLORS.get(name.split("#")[0]) or _OTHER[zlib.crc32(name.encode()) % len(_OTHER)]
 
 
 def shade(name: str, k: int, n: int) -> tuple:
@@ -55,8 +85,7 @@ def figure(n: int, w: float = 4.6, h: float = 3.4, cols: int = 3) -> tuple[Figur
     cols = min(cols, max(n, 1))
     rows = max(1, math.ceil(n / cols))
     fig = Figure(figsize=(w * cols, h * rows))
-    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(max(n, 1))]
-    return fig, axes
+    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(max(n, 1))]
 
 
 def empty(ax: Any, text: str) -> None:
@@ -66,28 +95,18 @@ def empty(ax: Any, text: str) -> None:
 
 
 def save(
-    fig: Figure,
-    path: Path,
-    title: str | None = None,
-    right: float = 0.2,
-    bottom: float = 0.6,
-    dpi: int = 90,
-    top: float | None = None,
+    fig: Figure, path: Path, title: str | None = None, right: float = 0.2, bottom: float = 0.6, dpi: int = 90
 ) -> None:
     """Fixed margins in inches (so they suit any grid) rather than tight_layout, whose text-extent
     passes cost more than the drawing itself; `right`/`bottom` make room for an outside legend."""
     w, h = fig.get_size_inches()
     lines = textwrap.wrap(title, max(30, int(w * 10))) if title else []  # ~10 characters per inch at 11 pt
-    title = "\n".join(lines)
-    top = top if top is not None else 0.35 + 0.2 * len(lines) if title else 0.3
+    top = 0.35 + 0.2 * len(lines) if lines else 0.3
     fig.subplots_adjust(left=0.85 / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=0.32, hspace=0.5)
-    if title:
-        fig.suptitle(title, fontsize=11, y=1 - 0.12 / h, va="top")
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize=11, y=1 - 0.12 / h, va="top")
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=dpi)
-
-
-LABEL_EVERY_DECADE_ONLY = 3.0
 
 
 def log_axis(axis: Any, decades: float = 0.0) -> None:
@@ -108,23 +127,13 @@ def n_axis(ax: Any, ns: list[float]) -> None:
     ax.xaxis.set_major_locator(ticker.FixedLocator(sorted(set(ns))))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: human(v)))
     ax.xaxis.set_minor_locator(ticker.NullLocator())
-    lo, hi = min(ns), max(ns)
-    ax.set_xlim(lo / 1.25, hi * 1.25)
-
-
-def plain_log_y(ax: Any) -> None:
-    """Losses span far less than a decade: plain numbers at evenly spaced ticks, not 10^x labels."""
-    ax.yaxis.set_major_locator(ticker.MaxNLocator(6))
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.yaxis.set_minor_locator(ticker.NullLocator())
+    ax.set_xlim(min(ns) / 1.25, max(ns) * 1.25)
 
 
 def eval_curve(runs: list) -> tuple[np.ndarray, np.ndarray] | None:
     """(tokens, [seeds, points] val loss) on the steps every run evaluated."""
     curves = [{ev["step"]: (ev.get("tokens"), ev.get("val_loss")) for ev in r.evals} for r in runs]
-    if not curves:
-        return None
-    steps = sorted(set.intersection(*[set(c) for c in curves]))
+    steps = sorted(set.intersection(*[set(c) for c in curves])) if curves else []
     if not steps:
         return None
     x = np.array([curves[0][s][0] or 0 for s in steps], float)
@@ -144,3 +153,15 @@ def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
     pad = 0.05 * (hi - lo or 0.1)
     ax.set_ylim(lo - pad, hi + pad)
     return True
+
+
+def fit_ylim(ax: Any, curves: list[list[float]]) -> bool:
+    """Keep the axis on the finite losses near the optima (a diverged or far-off LR would squash the
+    rest): up to the 90th percentile. True when some point is off the top."""
+    vals = np.array([v for c in curves for v in c if isinstance(v, (int, float)) and math.isfinite(v)])
+    if not vals.size:
+        return False
+    lo, hi = float(vals.min()), float(np.percentile(vals, 90))
+    pad = 0.08 * (hi - lo or 0.1)
+    ax.set_ylim(lo - pad, hi + pad)
+    return bool(np.any(vals > hi + pad)) or len(vals) < sum(len(c) for c in curves)

@@ -1,0 +1,16 @@
+"""The comparison report (`python -m report RUNS_DIR --out DIR`): from run directories to report.md,
+summary.json and figures. It reads run records only and imports no part of the launcher.
+
+records     run directories read back (config.yaml, run.log, metrics.jsonl; diagnostics, downstream)
+points      what launch.sweep writes and the report reads: points, run names, the best-point and
+            grid-edge rule, sweep_plan.json
+runs        the finished runs as a table, grouped into rows and groups (best point, score, edge)
+selection   the sweep plan applied: search and evaluation seeds, statuses, the protocols' views
+stats       t-tests and intervals (scipy), Holm, least-squares lines, power-law fits
+analysis    every number computed once into a Report
+headline    report.md's top: the four answers and the protocols
+markdown    report.md: the preamble and the detail sections
+summary     summary.json, one shape per kind of object
+plots       the figures' kit and write_all; figures_training, figures_scaling: one function a figure
+build, cli  the pipeline and the command line; paper_results.json: the paper's published numbers
+"""

@@ -1,0 +1,285 @@
+"""Figures of training: validation loss against tokens and against training FLOPs, the Muon-family
+diagnostics per matrix class (over training, and at the end against N), and throughput."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib import ticker
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from report.analysis import Report
+from report.fmt import fmt_point, human, opt_name, order
+from report.plots import LOSS, MARKERS, clip_top, color, empty, eval_curve, figure, log_axis, n_axis, save, shade
+from report.records import CLASSES, diag_series
+from report.runs import Row
+
+CLASS_NAMES = {"attn_qkv": "attention QKV", "attn_out": "attention out", "mlp_up": "MLP up", "mlp_down": "MLP down"}
+# (row title, [(field, line style, label)], y label, log y)
+DIAG_ROWS = [
+    ("trust ratio", [("r", "-", "r (clipped)"), ("r_raw", "--", "r_raw (before the clip)")], "trust ratio r", True),
+    (
+        "clipping",
+        [("cum_frac_rmax", "-", "at r_max"), ("cum_frac_rmin", "--", "at r_min")],
+        "share of steps at the clip (cumulative)",
+        False,
+    ),
+    ("weight norm", [("w_norm", "-", "‖W‖_F")], "‖W‖_F (mean over matrices)", True),
+    ("update size", [("update_ratio", "-", "‖ΔW‖/‖W‖")], "update / weight norm ratio", True),
+]
+DIAG_VS_N = [("r", "trust ratio r (clipped)", True), ("cum_frac_rmax", "share at r_max", False)]
+DIAG_VS_N += [("update_ratio", "update / weight norm ratio", True)]
+
+
+def curves(rep: Report, path: Path) -> None:
+    """Val loss against tokens per row, mean over the scored seeds at the best LR, min–max band."""
+    drawable = [r for r in rep.ordered if any(g.score.runs and g.status == "done" for g in r.groups.values())]
+    fig, axes = figure(len(drawable), w=5.4, h=4.0)
+    src = []
+    for ax, row in zip(axes, drawable, strict=False):
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: human(v)))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
+        xs, ys = [], []
+        for name in order(row.groups):
+            g = row.groups[name]
+            cur = eval_curve(g.score.runs) if g.status == "done" else None
+            if cur is None or g.best is None:
+                continue
+            x, y = cur
+            mean = np.nanmean(y, 0) if np.isfinite(y).any() else y[0]
+            label = f"{opt_name(name)}, LR {fmt_point(g.best)}, {y.shape[0]} seeds"
+            ax.plot(x, mean, marker=".", color=color(name), label=label)
+            if y.shape[0] > 1:
+                ax.fill_between(x, np.nanmin(y, 0), np.nanmax(y, 0), color=color(name), alpha=0.2, lw=0)
+            xs.append(x)
+            ys.append(y)
+            src.append({"row": row.short, "optim": name, "lr": g.best[0], "adamw_lr": g.best[1]})
+            src[-1].update(tokens=x.tolist(), mean=mean.tolist())
+        cut = clip_top(ax, ys, xs)
+        title = f"{row.short}: L{row.n_layer} d{row.d_model}, {row.steps} steps × {row.tokens_per_step:,} tokens"
+        ax.set_title(title + ("\n(y axis cut: the early losses are off the top)" if cut else ""), fontsize=9)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(LOSS)
+        ax.fill_between([], [], [], color="grey", alpha=0.2, label="band: min–max over seeds")
+        ax.legend(fontsize=7, loc="upper right")
+    if not drawable:
+        empty(axes[0], "no group with final numbers yet")
+    rep.figures["val_loss_vs_tokens"] = src
+    save(fig, path, "Validation loss during training at each optimizer's best LR")
+
+
+def flops(rep: Report, path: Path) -> bool:
+    """Val loss against training FLOPs over the scaling series: the compute view of the curves."""
+    rows = [r for r in rep.series if r.flops_per_token]
+    fig = Figure(figsize=(10, 5.2))
+    ax = fig.add_subplot(1, 1, 1)
+    src, xs, ys = [], [], []
+    names = order({n for r in rows for n in r.groups})
+    for k, row in enumerate(rows):
+        for name in names:
+            g = row.groups.get(name)
+            cur = eval_curve(g.score.runs) if g is not None and g.status == "done" else None
+            if cur is None:
+                continue
+            x, y = cur
+            f, mean = x * (row.flops_per_token or 0.0), np.nanmean(y, 0)
+            label = f"{opt_name(name)} {row.short} (N={human(row.n_params or 0)})"
+            ax.plot(
+                f, mean, color=shade(name, k, len(rows)), marker=MARKERS[k % len(MARKERS)], ms=3, lw=1.2, label=label
+            )
+            xs.append(f)
+            ys.append(y)
+            src.append({"row": row.short, "optim": name, "flops": f.tolist(), "mean": mean.tolist()})
+    if not src:
+        return False
+    ax.set_xscale("log")
+    log_axis(ax.xaxis)
+    cut = clip_top(ax, ys, xs)
+    ax.set_xlabel("training FLOPs (tokens × (6·params + 12·L·d·T))")
+    ax.set_ylabel(LOSS + (" (early losses off the top)" if cut else ""))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    rep.figures["val_loss_vs_flops"] = src
+    save(fig, path, "Validation loss against training compute, per scale (mean over scored seeds)", right=3.0)
+    return True
+
+
+def _values(series: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(s["step"], s[key]) for s in series if isinstance(s.get(key), (int, float)) and math.isfinite(s[key])]
+    return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+
+
+def _diag_runs(row: Row) -> dict[str, list[tuple[int, list[dict]]]]:
+    """optimizer -> [(seed, diag series)] for every run at the best LR of a finished group."""
+    out = {}
+    for name in order(row.groups):
+        g = row.groups[name]
+        if g.status != "done":
+            continue
+        at = g.runs_at(g.best)
+        got = [(int(s), diag_series(r)) for s, r in zip(at["seed"], at["run"], strict=True)]
+        got = [(s, d) for s, d in got if d and any(f"diag/{CLASSES[0]}/r" in x for x in d)]
+        if got:
+            out[name] = sorted(got, key=lambda sd: sd[0])
+    return out
+
+
+def _varies(runs: dict[str, list[tuple[int, list[dict]]]], field: str) -> bool:
+    for lst in runs.values():
+        for _, d in lst:
+            for c in CLASSES:
+                y = _values(d, f"diag/{c}/{field}")[1]
+                if y.size and np.ptp(y) > 0:
+                    return True
+    return False
+
+
+def _panels(fig: Figure, n_rows: int, ylabels: list[str], logy: list[bool], xlabel: str) -> list[list[Any]]:
+    """A grid of panels, a row per quantity and a column per matrix class: one y scale per row (the
+    classes side by side compare), one x for all; inner tick labels off, which also halves the
+    drawing time."""
+    grid: list[list[Any]] = []
+    first = None
+    for i in range(n_rows):
+        row_ax = None
+        grid.append([])
+        for j in range(len(CLASSES)):
+            ax = fig.add_subplot(n_rows, len(CLASSES), i * len(CLASSES) + j + 1, sharex=first, sharey=row_ax)
+            first, row_ax = first or ax, row_ax or ax
+            ax.tick_params(labelleft=j == 0, labelbottom=i == n_rows - 1)
+            grid[-1].append(ax)
+    for i, row_axes in enumerate(grid):
+        for j, ax in enumerate(row_axes):
+            if logy[i]:
+                ax.set_yscale("log")
+                log_axis(ax.yaxis)
+            if i == 0:
+                ax.set_title(CLASS_NAMES[CLASSES[j]], fontsize=10)
+            if j == 0:
+                ax.set_ylabel(ylabels[i], fontsize=8)
+            if i == n_rows - 1:
+                ax.set_xlabel(xlabel)
+    return grid
+
+
+def diagnostics(rep: Report, path: Path) -> None:
+    """Diagnostics over training per matrix class (columns) for every seed at the best LR, at the
+    largest scale that has them; rows: trust ratio, clip shares, ‖W‖, update/weight ratio."""
+    chosen, runs = None, {}
+    for row in sorted(rep.series or rep.ordered, key=lambda r: -(r.n_params or 0)):
+        if runs := _diag_runs(row):
+            chosen = row
+            break
+    if chosen is None:
+        fig = Figure(figsize=(8, 3))
+        empty(fig.add_subplot(1, 1, 1), "no Muon-family diagnostics (diag/<class>/*) at a finished best LR")
+        rep.figures["muon_diagnostics"] = []
+        save(fig, path)
+        return
+    # A row of panels only when some optimizer logs a non-constant value there (Muon+Moonlight's r ≡ 1).
+    keep = [spec for spec in DIAG_ROWS if any(_varies(runs, f) for f, _, _ in spec[1])]
+    fig = Figure(figsize=(4.2 * len(CLASSES), 3.0 * len(keep) + 1.0))
+    grid = _panels(fig, len(keep), [s[2] for s in keep], [s[3] for s in keep], "step")
+    src = []
+    for (_title, fields, _, _), row_axes in zip(keep, grid, strict=True):
+        for cls, ax in zip(CLASSES, row_axes, strict=True):
+            for name, lst in runs.items():
+                for seed, d in lst:
+                    for f, style, _ in fields:
+                        x, y = _values(d, f"diag/{cls}/{f}")
+                        if y.size:
+                            ax.plot(x, y, style, color=color(name), lw=0.9, alpha=0.75)
+                            src.append({"optim": name, "seed": seed, "class": cls, "field": f})
+                            src[-1].update(steps=x.tolist(), values=y.tolist())
+        if len(fields) > 1:  # outside the panel: inside, it covered r_raw's plateau
+            handles = [Line2D([], [], ls=st, color="grey") for _, st, _ in fields]
+            where = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0}
+            row_axes[-1].legend(handles, [lb for _, _, lb in fields], fontsize=7, **where)
+    handles = [Line2D([], [], color=color(n)) for n in runs]
+    labels = [f"{opt_name(n)}: seeds {', '.join(str(s) for s, _ in lst)} (one line each)" for n, lst in runs.items()]
+    omitted = [spec[0] for spec in DIAG_ROWS if spec not in keep]
+    if omitted:
+        handles.append(Line2D([], [], ls="none"))
+        labels.append(f"not shown (constant for every optimizer, e.g. never clipped): {', '.join(omitted)}")
+    fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    rep.figures["muon_diagnostics"] = src
+    title = f"Muon-family diagnostics per matrix class at the best LR, {chosen.short} (N={chosen.n_params:,.0f})"
+    save(fig, path, title + ", every seed", bottom=1.0, right=1.6, dpi=80)
+
+
+def diagnostics_vs_params(rep: Report, path: Path) -> bool:
+    """The last quarter of training's mean diagnostic per class against N (bars: min–max over seeds)."""
+    per = [(row, runs) for row in rep.series if row.n_params and (runs := _diag_runs(row))]
+    if len(per) < 2:
+        return False
+    fig = Figure(figsize=(4.2 * len(CLASSES), 3.0 * len(DIAG_VS_N) + 0.6))
+    ylabels, logy = [s[1] for s in DIAG_VS_N], [s[2] for s in DIAG_VS_N]
+    grid = _panels(fig, len(DIAG_VS_N), ylabels, logy, "non-embedding parameters N")
+    names = order({n for _, runs in per for n in runs})
+    src = []
+    for (f, _, _), row_axes in zip(DIAG_VS_N, grid, strict=True):
+        for cls, ax in zip(CLASSES, row_axes, strict=True):
+            for name in names:
+                xs, ms, lo, hi = [], [], [], []
+                for row, runs in per:
+                    series = [_values(d, f"diag/{cls}/{f}") for _, d in runs.get(name, [])]
+                    vals = [float(np.mean(y[x >= 0.75 * x.max()])) for x, y in series if y.size]
+                    if vals:
+                        xs.append(row.n_params)
+                        ms.append(float(np.mean(vals)))
+                        lo.append(ms[-1] - min(vals))
+                        hi.append(max(vals) - ms[-1])
+                        src.append({"optim": name, "N": row.n_params, "class": cls, "field": f, "seeds": vals})
+                if xs:
+                    ax.errorbar(xs, ms, yerr=[lo, hi], fmt="o-", capsize=3, color=color(name))
+            n_axis(ax, [float(r.n_params or 0) for r, _ in per])
+    handles = [Line2D([], [], color=color(n), marker="o") for n in names]
+    title = {"title": "bars: min–max over seeds", "title_fontsize": 8}
+    fig.legend(
+        handles, [opt_name(n) for n in names], loc="lower center", ncol=len(names), fontsize=8, frameon=False, **title
+    )
+    rep.figures["muon_diagnostics_vs_params"] = src
+    save(fig, path, "Muon-family diagnostics in the last quarter of training against model size", bottom=1.0, dpi=80)
+    return True
+
+
+def throughput(rep: Report, path: Path) -> None:
+    """Median tokens/s per (scale, optimizer) over its runs, whiskers min–max of the run medians (the
+    numbers of the throughput table); MFU only when logged (never on CPU)."""
+    rows = rep.ordered
+    names = order({n for r in rows for n in r.groups})
+    table: list[dict[str, Any]] = []
+    for r in rows:
+        for n in (n for n in names if (r.name, n) in rep.throughput.index):
+            e = rep.throughput.loc[(r.name, n)]
+            table.append({"row": r.short, "optim": n, "runs": int(e["runs"])})
+            table[-1].update({k: float(e[k]) for k in ("median", "min", "max")})
+            table[-1]["mfu"] = None if math.isnan(e["mfu"]) else float(e["mfu"])
+    has_mfu = any(e["mfu"] is not None for e in table)
+    fig, axes = figure(2 if has_mfu else 1, w=max(9.0, 0.5 * len(rows) * len(names) + 2), h=3.8, cols=1)
+    labels = list(dict.fromkeys(e["row"] for e in table))
+    width = 0.8 / max(len(names), 1)
+    for j, name in enumerate(names):
+        es = [e for e in table if e["optim"] == name]
+        x = np.array([labels.index(e["row"]) for e in es]) + (j - (len(names) - 1) / 2) * width
+        err = np.array([[e["median"] - e["min"], e["max"] - e["median"]] for e in es]).T.reshape(2, -1)
+        axes[0].bar(x, [e["median"] for e in es], width, yerr=err, capsize=2, color=color(name), label=opt_name(name))
+        if has_mfu:
+            axes[1].bar(x, [e["mfu"] or 0 for e in es], width, color=color(name))
+    if table:
+        for ax in axes:
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, fontsize=8)
+            ax.set_xlabel("scale")
+        axes[0].set_ylabel("training tokens/s (median per run)")
+        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        if has_mfu:
+            axes[1].set_ylabel("MFU (median)")
+    else:
+        empty(axes[0], "no training lines with tokens/s")
+    rep.figures["throughput"] = table
+    axes[0].set_title("bars: median over runs, whiskers: min–max", fontsize=8)
+    save(fig, path, "Training throughput per scale: runs shared the machine, so not optimizer speed", right=1.9)

@@ -1,0 +1,152 @@
+"""summary.json: the report's numbers, machine-readable, with one JSON shape per kind of object (a
+group, a comparison, a fit, a slope) wherever it appears."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from report.analysis import Report
+from report.runs import Group, usable
+from report.stats import Comparison, PowerFit, Slope
+
+
+def _num(x: float) -> float | None:
+    """A number a reader can use as one: NaN (a diverged or missing loss) is null."""
+    return x if math.isfinite(x) else None
+
+
+def group_json(g: Group | None, root: Path) -> dict[str, Any] | None:
+    """A group: its status, the point that gives its numbers, the score (null until usable), and
+    every point tried."""
+    if g is None:
+        return None
+    s, ok = g.score, usable(g)
+    cells = g.cells
+    return {
+        "status": g.status,
+        "lr": s.point[0],
+        "adamw_lr": s.point[1],
+        "edge": g.edge,
+        "mean": _num(s.mean) if ok else None,
+        "std": _num(s.std) if ok else None,
+        "n": len(s.runs),
+        "seeds": sorted(s.losses),
+        "losses": {str(k): _num(v) for k, v in s.losses.items()},
+        "select_seed": g.select_seed,
+        "sweep_id": g.sweep_id,
+        "runs": [str(r.path.relative_to(root)) for r in s.runs],
+        "by_point": [
+            {"lr": p[0], "adamw_lr": p[1], "mean": _num(m), "n": int(n)}
+            for p, m, n in zip(g.points, cells["mean"], cells["n"], strict=True)
+        ],
+    }
+
+
+def comparison_json(c: Comparison | None) -> dict[str, Any] | None:
+    return None if c is None else {**asdict(c), "within_noise": c.within_noise}
+
+
+def fit_json(f: PowerFit | None) -> dict[str, Any] | None:
+    return None if f is None else asdict(f)
+
+
+def slope_json(s: Slope | None) -> dict[str, Any] | None:
+    return None if s is None else {"slope": s.slope, "ci": s.ci, "df": s.df}
+
+
+def summary(rep: Report) -> dict[str, Any]:
+    root = rep.root
+    rows: list[dict[str, Any]] = []
+    for row in rep.rows:
+        rows.append(dict(name=row.name, label=row.label, scale=row.sweep_scale, steps=row.steps))
+        rows[-1] |= dict(tokens_per_step=row.tokens_per_step, tokens=row.tokens, non_embedding_params=row.n_params)
+        rows[-1] |= dict(params=row.n_total, flops_per_token=row.flops_per_token, paper_scale=row.paper_scale)
+        rows[-1] |= dict(family=row.family, groups={name: group_json(g, root) for name, g in row.groups.items()})
+    complete, total = rep.progress
+    return {
+        "n_runs": len(rep.runs),
+        "n_finished": sum(r.finished for r in rep.runs),
+        "selection": "search seed" if rep.plan is not None and rep.plan.search is not None else "same seeds",
+        "rows": rows,
+        "fits": {f"{fam}/{name}": fit_json(fit) for (fam, name), (_, fit) in rep.fits.items()},
+        "comparisons": {"|".join(k): comparison_json(c) for k, c in rep.comparisons.items()},
+        "headline": {
+            "complete": complete,
+            "total": total,
+            "n_tests": rep.n_tests,
+            "wins": [_wins(rep, row) for row in rep.ordered],
+            "speedup": [_speedup(e) for e in rep.speedup],
+            "lr_transfer": {
+                "points": rep.transfer["points"],
+                "fits": {n: {**f, "slope": slope_json(f["slope"])} for n, f in rep.transfer["fits"].items()},
+            },
+            "scaling": {
+                "series": rep.scaling["series"],
+                "fits": {n: _scaling_fit(e) for n, e in rep.scaling["fits"].items()},
+                "gaps": {
+                    f"{a}|{b}": {**g, "trend": slope_json(g["trend"])} for (a, b), g in rep.scaling["gaps"].items()
+                },
+            },
+        },
+        "protocols": {e["row"].short: _protocols(e, root) for e in rep.protocols},
+        "figures": rep.figures,
+        "pending": {p.sweep_id: p.status for p in rep.pending},
+        "unfinished": {str(r.path.relative_to(root)): r.problem for r in rep.runs if not r.finished},
+    }
+
+
+def _speedup(e: dict[str, Any]) -> dict[str, Any]:
+    fit = None if "fit" not in e else {**asdict(e["fit"]), "E_ci": e["E_ci"], "alpha_ci": e["alpha_ci"]}
+    return {"scale": e["scale"], "budgets": e["budgets"], "fit": fit, "reason": e.get("reason"), "rows": e["rows"]}
+
+
+def _wins(rep: Report, row: Any) -> dict[str, Any]:
+    win = rep.winners.get(row.name)
+    return {
+        "scale": row.short,
+        "row": row.name,
+        "N": row.n_params,
+        "tokens": row.tokens,
+        "groups": {n: group_json(g, rep.root) for n, g in row.groups.items()},
+        "deltas": {f"{a}|{b}": comparison_json(c) for (r, a, b), c in rep.comparisons.items() if r == row.name},
+        "winner": None if win is None else {"optim": win[0], "runner_up": win[1], "margin": -win[2]},
+    }
+
+
+def _scaling_fit(e: dict[str, Any]) -> dict[str, Any]:
+    out = {"n": e["n"], "N": e["N"], "reason": e.get("reason")}
+    if e.get("fit") is not None:
+        out.update(asdict(e["fit"]), n=e["n"], E_ci=e["E_ci"], A_ci=e["A_ci"], alpha_ci=e["alpha_ci"])
+    return out
+
+
+def _protocols(e: dict[str, Any], root: Path) -> dict[str, Any]:
+    return {
+        "optims": {
+            n: {
+                "tuned": group_json(o["tuned"], root),
+                "shared": group_json(o["shared"], root),
+                "tuned_vs_shared": comparison_json(o["tuned_vs_shared"]),
+            }
+            for n, o in e["optims"].items()
+        },
+        "gaps": {
+            f"{a}|{b}": {
+                "tuned": comparison_json(g["tuned"]),
+                "shared": comparison_json(g["shared"]),
+                "protocol_part": None if (p := g["protocol_part"]) is None else {"mean": p[0], "ci": [p[1], p[2]]},
+            }
+            for (a, b), g in e["gaps"].items()
+        },
+        "transfer": {
+            label: {
+                "group": group_json(t["group"], root),
+                "vs_own_tuned": comparison_json(t["vs_own_tuned"]),
+                "vs_source": {k: comparison_json(v) for k, v in t["vs_source"].items()},
+            }
+            for label, t in e["transfer"].items()
+        },
+    }
