@@ -24,6 +24,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from launch.sweep.spec import Cell, CellGroup, Sweep
 from report.points import GroupPlan, Point, SweepPlan, best, edge, point
@@ -116,14 +117,17 @@ def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
             if round_ == 0
             else [_round(adamw / factor), adamw, _round(adamw * factor)]
         )
-        line = _line(values, lambda a, lr=lr: loss(point(lr, a)), factor, extra)
+        line = _line(values, partial(lambda lr_, a: loss(point(lr_, a)), lr), factor, extra)
         gp.points += [point(lr, a) for a in line.values]
         if line.best is None:
             plan.waiting.append(waiting)
             return gp
         adamw, edges["adamw_lr"] = line.best, line.edge
         line = _line(
-            [_round(lr / factor), lr, _round(lr * factor)], lambda x, a=adamw: loss(point(x, a)), factor, extra
+            [_round(lr / factor), lr, _round(lr * factor)],
+            partial(lambda a, x: loss(point(x, a)), adamw),
+            factor,
+            extra,
         )
         gp.points += [point(x, adamw) for x in line.values]
         if line.best is None:

@@ -254,7 +254,13 @@ def _optimizers(raw: Any) -> list[dict]:
     out = []
     for label, spec in items:
         where = f"optimizers.{label}"
-        entry = {"label": _label(label, where), "name": label, "lrs": None, "overrides": [], "lr_from": None}
+        entry: dict[str, Any] = {
+            "label": _label(label, where),
+            "name": label,
+            "lrs": None,
+            "overrides": [],
+            "lr_from": None,
+        }
         if isinstance(spec, list):
             entry["lrs"] = _lrs(spec, where)
         elif isinstance(spec, dict):
