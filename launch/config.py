@@ -50,6 +50,9 @@ class RunConfig:
     resume: str = "auto"  # auto | none | restart (damaged checkpoints moved aside, never deleted) | <a checkpoint>
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
     keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted (0: keep all)
+    # A checkpoint (of another run dir) to start from while run.dir holds none of its own: a cooldown
+    # branch (launch.branch), a fine-tune. Only read; once run.dir has a checkpoint, auto resumes there.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.resume), "run.resume must be auto, none, restart or a checkpoint path")
@@ -67,6 +70,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 50
     ckpt_every: int = 0  # 0: only the final checkpoint
+    ckpt_at: list[int] = field(default_factory=list)  # more steps to save at (a wsd run's branch points)
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
     # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
@@ -93,6 +97,10 @@ class TrainConfig:
         _require(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
         _require(self.eval_every >= 0, f"train.eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
         _require(self.ckpt_every >= 0, f"train.ckpt_every must be >= 0, got {self.ckpt_every}")
+        _require(
+            all(isinstance(s, int) and s >= 1 for s in self.ckpt_at),
+            f"train.ckpt_at must be a list of steps >= 1, got {self.ckpt_at}",
+        )
         _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
         _require(

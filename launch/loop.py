@@ -24,7 +24,7 @@ from launch.runtime.hangs import COMM_FAILURE_EXIT, CommFailure, comm_failure, s
 from launch.runtime.preemption import StopFlag
 from launch.runtime.process_group import all_reduce_sum, shutdown
 from launch.runtime.stall_watch import StallWatch
-from orscale.schedule import lr_at
+from orscale.schedule import scheduled_lr
 
 log = logging.getLogger("orscale")
 
@@ -93,7 +93,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
     last_val: tuple[float, int | None] = (math.nan, None)  # (loss, step) of this launch's last validation
     while state.step < t.max_steps:
         watch.beat(state.step + 1)  # its reads, evaluation and checkpoint included (train.stall_dump_s)
-        lr = lr_at(state.step, cfg.optim.lr, cfg.optim.warmup_steps, t.max_steps, cfg.optim.min_lr_ratio)
+        lr = scheduled_lr(cfg.optim, state.step, t.max_steps)
         try:
             windows = loader.next_step()  # this rank's share of the step, read ahead in the background
         except DataError:  # e.g. a Hub read that failed after its retries, with no step read before it
@@ -154,7 +154,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             log.warning("stop signal: saving a checkpoint at step %d and exiting", state.step)
             run.save()
             break
-        if state.step == t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0):
+        if state.step == t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0) or state.step in t.ckpt_at:
             with meter.paused():
                 run.save()
     stop.restore()

@@ -9,7 +9,7 @@ from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig, OptimConfigError
-from orscale.schedule import lr_at, set_lr
+from orscale.schedule import check_schedule, lr_at, scheduled_lr, set_lr
 from orscale.variants import VARIANTS, Variant
 
 __all__ = [
@@ -24,7 +24,9 @@ __all__ = [
     "Variant",
     "build_optimizers",
     "collect_diagnostics",
+    "check_schedule",
     "lr_at",
+    "scheduled_lr",
     "matrix_class",
     "newton_schulz",
     "newton_schulz_many",

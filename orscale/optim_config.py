@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from orscale.newton_schulz import NS_COEFFICIENT_SETS
 from orscale.variants import VARIANTS
 
+SCHEDULES: tuple[str, ...] = ("cosine", "wsd")  # orscale.schedule
+DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown's shape
+DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
+DEFAULT_DECAY_SHAPE = "1-sqrt"
+
 # Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, seed 000).
 ELEMENTWISE: tuple[str, ...] = ("cbp", "lamb", "lars")
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(VARIANTS) + ELEMENTWISE
@@ -43,7 +48,14 @@ class OptimConfig:
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
     warmup_steps: int = 1000
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak LR
+    min_lr_ratio: float = 0.0  # the schedule's floor as a fraction of the peak LR
+    # cosine: warmup, then cosine to the floor at the last step. wsd: warmup, the peak, then a cooldown
+    # over the last decay_steps (or decay_fraction of the run; default 0.2) of decay_shape (linear |
+    # 1-sqrt | cosine; default 1-sqrt, Hägele et al. 2024) to the floor (orscale.schedule).
+    schedule: str = "cosine"
+    decay_fraction: float | None = None
+    decay_steps: int | None = None
+    decay_shape: str | None = None
     # CBP (optim.name=cbp; seed 000 Algorithm 1). Its paper uses betas (0.9, 0.999): set optim.betas.
     cbp_zeta: float = 1e-3  # M3 damping ζ added to √v̂
     cbp_rho: float = 0.99  # M1 energy EMA ρ
@@ -117,6 +129,32 @@ class OptimConfig:
             (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),
             (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
+            (
+                self.schedule in SCHEDULES,
+                f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}",
+            ),
+            (
+                self.schedule == "wsd"
+                or (self.decay_fraction is None and self.decay_steps is None and self.decay_shape is None),
+                "optim.decay_fraction, decay_steps and decay_shape shape the cooldown of optim.schedule=wsd; "
+                f"this run has optim.schedule={self.schedule}: set optim.schedule=wsd or leave them unset",
+            ),
+            (
+                self.decay_fraction is None or self.decay_steps is None,
+                "optim.decay_fraction and optim.decay_steps both set the cooldown's length: set one of them",
+            ),
+            (
+                self.decay_fraction is None or 0 < self.decay_fraction <= 1,
+                f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}",
+            ),
+            (
+                self.decay_steps is None or self.decay_steps >= 1,
+                f"optim.decay_steps must be >= 1, got {self.decay_steps}",
+            ),
+            (
+                self.decay_shape is None or self.decay_shape in DECAY_SHAPES,
+                f"optim.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {self.decay_shape!r}",
+            ),
             (0 < self.trust_eps < math.inf, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
             (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
             (0 < self.cbp_zeta < math.inf, f"optim.cbp_zeta must be > 0, got {self.cbp_zeta}"),

@@ -1,4 +1,5 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a floor (SPEC §4).
+"""Learning-rate schedules (`optim.schedule`): linear warmup, then cosine decay to a floor (SPEC §4),
+or warmup-stable-decay (WSD). Stateless: the LR of a step is a function of the step and the config.
 
 Warmup convention: ``lr = peak·(step+1)/warmup`` for ``step < warmup`` (steps count from 0), so the
 first step already has lr > 0 and the last warmup step reaches the peak. We choose this over
@@ -6,8 +7,14 @@ first step already has lr > 0 and the last warmup step reaches the peak. We choo
 momentum, and OrScale-LM's lazy calibration (which waits for lr > 0) would then calibrate
 against a two-gradient momentum instead of the first one.
 
-After warmup: cosine from ``peak`` (at ``step = warmup``) to ``peak·min_ratio`` (at
-``step = total``), and ``peak·min_ratio`` from then on.
+After warmup, ``cosine``: from ``peak`` (at ``step = warmup``) to ``peak·min_ratio`` (at
+``step = total``), and ``peak·min_ratio`` from then on. ``wsd`` (Hägele et al. 2024, "Scaling Laws and
+Compute-Optimal Training Beyond Fixed Training Durations"): ``peak`` until the cooldown's first step
+``start = total - decay``, then ``floor + (peak - floor)·f(p)`` with ``p = (step - start) / decay``
+(0 at the cooldown's first step) and ``f`` = ``1 - p`` (linear), ``1 - √p`` (1-sqrt) or
+``(1 + cos πp) / 2`` (cosine), and the floor from ``step = total`` on. Every step before ``start`` is
+the same whatever the total, so a run of a longer budget is, up to there, a run of a shorter one:
+a cooldown branched from its checkpoint at or before ``start`` is that shorter run (launch/branch).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 import torch
+
+from orscale.optim_config import DEFAULT_DECAY_FRACTION, DEFAULT_DECAY_SHAPE, OptimConfig, OptimConfigError
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -33,6 +42,61 @@ def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> 
         return floor
     progress = (step - warmup) / (total - warmup)  # total > step >= warmup: no division by 0
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+_SHAPES = {
+    "linear": lambda p: 1.0 - p,
+    "1-sqrt": lambda p: 1.0 - math.sqrt(p),
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+}
+
+
+def wsd_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float, decay: int, shape: str) -> float:
+    """The learning rate of warmup-stable-decay for 0-based step `step` (the module docstring)."""
+    if step < 0 or warmup < 0 or total < 0 or peak < 0 or not 0 <= min_ratio <= 1 or decay < 1:
+        raise ValueError(
+            f"wsd_lr needs step, warmup, total, peak >= 0, min_ratio in [0, 1] and decay >= 1; got step={step}, "
+            f"warmup={warmup}, total={total}, peak={peak}, min_ratio={min_ratio}, decay={decay}"
+        )
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    floor = peak * min_ratio
+    if step >= total:
+        return floor
+    start = total - decay
+    if step < start:
+        return peak
+    return floor + (peak - floor) * _SHAPES[shape]((step - start) / decay)
+
+
+def decay_steps(optim: OptimConfig, total: int) -> int:
+    """A wsd cooldown's length in steps for a run of `total` steps (optim.decay_steps, or
+    optim.decay_fraction of the run, 0.2 by default; at least one step)."""
+    if optim.decay_steps is not None:
+        return optim.decay_steps
+    fraction = DEFAULT_DECAY_FRACTION if optim.decay_fraction is None else optim.decay_fraction
+    return max(1, round(fraction * total))
+
+
+def check_schedule(optim: OptimConfig, total: int) -> None:
+    """OptimConfigError (one line) for a schedule a run of `total` steps cannot follow."""
+    if optim.schedule != "wsd":
+        return
+    decay = decay_steps(optim, total)
+    if optim.warmup_steps + decay > total:
+        raise OptimConfigError(
+            f"optim.schedule=wsd: warmup ({optim.warmup_steps}) and cooldown ({decay} steps) take more than "
+            f"the run's {total} steps (train.max_steps); shorten optim.warmup_steps or the cooldown "
+            "(optim.decay_steps / decay_fraction)"
+        )
+
+
+def scheduled_lr(optim: OptimConfig, step: int, total: int) -> float:
+    """optim.lr's value at 0-based step `step` of a run of `total` steps, by `optim.schedule`."""
+    if optim.schedule == "cosine":
+        return lr_at(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio)
+    shape = DEFAULT_DECAY_SHAPE if optim.decay_shape is None else optim.decay_shape
+    return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
 
 
 LR_SCALE = "lr_scale"  # routed param-group key: the group's peak LR over optim.lr (absent: 1)

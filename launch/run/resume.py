@@ -6,7 +6,10 @@ never pruned or overwritten later). When checkpoints exist but none is intact, t
 one line naming the newest and the ways on, each one's failing file under it: the trainer never
 starts over on top of them. `restart` starts from step 0 and moves every checkpoint there aside
 (`checkpoints.old-<time>/`, never deleted); `none` starts fresh in a directory that holds no run; a
-path resumes from that checkpoint. A run directory that holds metrics but no checkpoint directory
+path resumes from that checkpoint. `run.init_from` (a checkpoint, usually of another run directory)
+is where `auto` starts while `run.dir` holds no checkpoint of its own: a cooldown branch resumes from
+its own checkpoints once it has one, and never writes to the one it started from. A run directory
+that holds metrics but no checkpoint directory
 at all is restarted from step 0 only when it holds the same run (a requeue after a preemption
 before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
 always kept under a new name.
@@ -56,6 +59,7 @@ QUIET = (
     "config.train.log_every",
     "config.train.eval_every",
     "config.train.ckpt_every",
+    "config.train.ckpt_at",
     "config.train.progress",
     "config.data.encode_batch_docs",
     "config.data.val_batch_size",
@@ -113,18 +117,26 @@ def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir)
                     "and no complete checkpoint; choose another run.dir or pass "
                     "run.overwrite=true"
                 )
-            log.warning(
-                "run.dir %s holds an earlier attempt of this run but no complete checkpoint (stopped "
-                "before its first save): starting again from step 0; its metrics are kept aside",
-                run.path,
-            )
+            if not run_cfg.init_from:
+                log.warning(
+                    "run.dir %s holds an earlier attempt of this run but no complete checkpoint (stopped "
+                    "before its first save): starting again from step 0; its metrics are kept aside",
+                    run.path,
+                )
+        if found is None and run_cfg.init_from:
+            return _checked(run_cfg.init_from, "run.init_from")
         return found
-    found = find_checkpoint(mode)
+    return _checked(mode, "run.resume")
+
+
+def _checked(path: str, key: str) -> Path:
+    """The complete, intact checkpoint at `path` (the value of config key `key`), or one line why not."""
+    found = find_checkpoint(path)
     if found is None:
-        raise ConfigError(f"run.resume='{mode}' is not a complete checkpoint (no meta.json inside)")
+        raise ConfigError(f"{key}='{path}' is not a complete checkpoint (no meta.json inside)")
     damage = check_loadable(found)
     if damage is not None:
-        raise ConfigError(f"run.resume='{mode}' is damaged: {damage}; pick another checkpoint")
+        raise ConfigError(f"{key}='{path}' is damaged: {damage}; pick another checkpoint")
     return found
 
 

@@ -33,6 +33,7 @@ from launch.runtime.process_group import (
     rank0_decides,
     set_tf32,
 )
+from orscale import check_schedule
 
 log = logging.getLogger("orscale")
 
@@ -151,6 +152,7 @@ def setup_run(cfg: Config) -> Run:
     run_path = Path(cfg.run.dir)
     if run_path.exists() and not run_path.is_dir():
         raise ConfigError(f"run.dir '{run_path}' exists and is not a directory; choose another run.dir")
+    check_schedule(cfg.optim, cfg.train.max_steps)
     if cfg.optim.warmup_steps > cfg.train.max_steps:  # a short debug run of a long config is legitimate: warn
         log.warning(
             "optim.warmup_steps (%d) is more than train.max_steps (%d): this run never reaches its peak LR (%g)",
@@ -207,6 +209,12 @@ def setup_run(cfg: Config) -> Run:
     try:
         resume_from = rank0_decides(decide)
         if resume_from is not None and read_meta(resume_from)["step"] >= cfg.train.max_steps:
+            started_elsewhere = run_path.resolve() not in resume_from.resolve().parents
+            if cfg.run.init_from and cfg.run.resume == "auto" and started_elsewhere:  # run.init_from's
+                raise ConfigError(
+                    f"run.init_from's checkpoint {resume_from} is at step {read_meta(resume_from)['step']}, "
+                    f"not before train.max_steps={cfg.train.max_steps}: there would be nothing to train"
+                )
             raise RunComplete(read_meta(resume_from)["step"], resume_from)
 
         # ---- engine (model, parallelism, optimizers), checkpoint parts, restore

@@ -1,0 +1,150 @@
+"""Cooldown branches (launch/branch.py, issue 42): a branch from a wsd run's checkpoint equals the run
+given the same schedule from step 0 (bit for bit on one process; within the backends' rounding under
+FSDP2 on 2 ranks), a killed branch resumes exactly from its own checkpoint, the parent's files are
+untouched, and the command's plan and errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launch import branch
+from tests.helpers import ROOT, SMALL, TINY, env, launch_cmd, metrics, train_in_pool, train_losses
+from tests.pool import rank_pool
+from tests.pool_jobs import train_runs
+
+pytestmark = pytest.mark.slow
+
+# The parent: 32 steps of wsd, warmup 2, its own cooldown the last 8 (stable through step 24);
+# checkpoints every 4 steps, none pruned.
+WSD = ["optim.schedule=wsd", "optim.warmup_steps=2", "optim.name=orscale_lm", "train.eval_every=0"]
+PARENT = [*WSD, "optim.decay_fraction=0.25", "train.max_steps=32", "train.ckpt_every=4", "run.keep_checkpoints=0"]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def _setups(run_dir: Path) -> list[dict]:
+    """The setup line of each launch in run.log."""
+    lines = (run_dir / "run.log").read_text().splitlines()
+    return [json.loads(line.split("setup: ", 1)[1]) for line in lines if "setup: {" in line]
+
+
+def _reference(run_dir: Path, budget: int, decay: int, nproc: int = 1) -> Path:
+    """The run of `budget` steps given the branch's schedule from step 0."""
+    train_in_pool([f"run.dir={run_dir}", *WSD, f"train.max_steps={budget}", f"optim.decay_steps={decay}"], nproc)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("wsd") / "parent"
+    train_in_pool([f"run.dir={run_dir}", *PARENT])
+    return run_dir
+
+
+def test_a_branch_is_the_run_of_its_budget_and_leaves_the_parent_untouched(parent, tmp_path):
+    before = _digest(parent)
+    plans = branch.plan_branches(parent, [12, 24], tmp_path / "branches", fraction=0.25)
+    assert [(b.budget, b.decay, b.start.name) for b in plans] == [(12, 3, "step_00000008"), (24, 6, "step_00000016")]
+    argvs = [["--config", str(parent / "config.yaml"), *b.overrides()] for b in plans]
+    rank_pool(1).run(train_runs, argvs, group=False)
+    for b in plans:
+        got = train_losses(b.run_dir)
+        want = train_losses(_reference(tmp_path / f"ref_{b.budget}", b.budget, b.decay))
+        start = int(b.start.name.split("_")[1])
+        assert sorted(got) == list(range(start + 1, b.budget + 1))  # the branch trains from its start on
+        assert got == {s: want[s] for s in got}, b.budget  # bit for bit, the cooldown included
+        vals = lambda d: [m["val_loss"] for m in metrics(d) if "val_loss" in m]  # noqa: E731
+        assert vals(b.run_dir) == vals(tmp_path / f"ref_{b.budget}")
+        # provenance: the parent checkpoint (its run and step) in the branch's config and setup line
+        assert yaml.safe_load((b.run_dir / "config.yaml").read_text())["run"]["init_from"] == str(b.start)
+        assert _setups(b.run_dir)[-1]["resumed_from"] == str(b.start)
+    assert _digest(parent) == before  # nothing of the parent's was written, moved or pruned
+
+
+def test_a_branch_runs_under_other_backends(parent, tmp_path):
+    """The one-process parent's checkpoint, branched under FSDP2 and under ZeRO-2 on 2 ranks: the run of
+    its budget, within the backends' rounding (one process and 2 ranks differ by ~1e-7 themselves)."""
+    backends = ("fsdp", "zero2")
+    plans = {b: branch.plan_branches(parent, [12], tmp_path / b, fraction=0.25)[0] for b in backends}
+    argvs = [
+        ["--config", str(parent / "config.yaml"), *p.overrides(), f"parallel.backend={b}"] for b, p in plans.items()
+    ]
+    rank_pool(2).run(train_runs, argvs)
+    want = train_losses(_reference(tmp_path / "ref", 12, plans["fsdp"].decay))
+    for backend, plan in plans.items():
+        got = train_losses(plan.run_dir)
+        assert sorted(got) == [9, 10, 11, 12]
+        for step, loss in got.items():
+            assert loss == pytest.approx(want[step], rel=1e-5), (backend, step)
+
+
+def test_a_killed_branch_resumes_from_its_own_checkpoint_bit_for_bit(parent, tmp_path):
+    from tests.launch.test_resume import _wait_for_step
+
+    (plan,) = branch.plan_branches(parent, [24], tmp_path / "branches", fraction=0.25)  # steps 17-24
+    cmd = launch_cmd(ROOT / "train.py", ["--config", str(parent / "config.yaml"), *plan.overrides()])
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    _wait_for_step(plan.run_dir, 21, proc)  # past its own checkpoint of step 20
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (plan.run_dir / "checkpoints/step_00000020/meta.json").is_file()
+    rank_pool(1).run(train_runs, [["--config", str(parent / "config.yaml"), *plan.overrides()]], group=False)
+    starts = [s["resumed_from"] for s in _setups(plan.run_dir)]
+    assert starts == [str(plan.start), str(plan.run_dir / "checkpoints/step_00000020")]  # then its own
+    want = train_losses(_reference(tmp_path / "ref", plan.budget, plan.decay))
+    assert train_losses(plan.run_dir) == {s: want[s] for s in range(17, 25)}
+
+
+def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path, capsys):
+    assert branch.main(["--parent", str(parent), "--budgets", "12", "24", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "budget 12: cooldown of 2 steps" not in out  # the parent's share (0.25): 3 steps of 12
+    assert "budget 12: cooldown of 3 steps from" in out and "budget 24: cooldown of 6 steps from" in out
+    assert f"train.py --config {parent / 'config.yaml'} parallel.backend=auto" in out
+    assert f"run.dir={tmp_path / 'budget_12'} run.init_from={parent / 'checkpoints/step_00000008'}" in out
+    # longer than the parent: from its last stable checkpoint (step 24), then a stable stretch of its own
+    assert branch.main(["--parent", str(parent), "--budgets", "40", "--out", str(tmp_path), "--dry-run"]) == 0
+    assert (
+        "budget 40: cooldown of 10 steps from " + str(parent / "checkpoints/step_00000024") in capsys.readouterr().out
+    )
+    # no parent checkpoint before the cooldown's start; a cooldown inside the warmup
+    assert branch.main(["--parent", str(parent), "--budgets", "4", "--decay-steps", "1", "--dry-run"]) == 2
+    assert branch.main(["--parent", str(parent), "--budgets", "3", "--decay-steps", "2", "--dry-run"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and "no checkpoint at or before step 3" in errors[0] and "warmup" in errors[1]
+    cosine = tmp_path / "cosine"
+    cosine.mkdir()
+    (cosine / "config.yaml").write_text(
+        (parent / "config.yaml")
+        .read_text()
+        .replace("schedule: wsd", "schedule: cosine")
+        .replace("decay_fraction: 0.25", "decay_fraction: null")
+    )
+    assert branch.main(["--parent", str(cosine), "--budgets", "12", "--dry-run"]) == 2
+    assert "cooldown branches need a wsd parent" in capsys.readouterr().err
+
+
+def test_init_from_past_the_budget_is_one_line(parent, tmp_path, capsys):
+    from launch.loop import main as train_main
+
+    code = train_main(
+        ["--config", TINY, *SMALL, *WSD, f"run.dir={tmp_path / 'b'}", "train.max_steps=8", "optim.decay_steps=2"]
+        + [f"run.init_from={parent / 'checkpoints/step_00000012'}"]
+    )
+    assert code == 2
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error: ")][0]
+    assert "run.init_from's checkpoint" in line and "step 12, not before train.max_steps=8" in line
