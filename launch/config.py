@@ -53,12 +53,52 @@ class RunConfig:
     # A checkpoint (of another run dir) to start from while run.dir holds none of its own: a cooldown
     # branch (launch.branch), a fine-tune. Only read; once run.dir has a checkpoint, auto resumes there.
     init_from: str | None = None
+    # Interval checkpoints staged (copied to host) at their step and written by a background thread
+    # while training goes on; published only once complete (launch/checkpoint/async_writer.py).
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.resume), "run.resume must be auto, none, restart or a checkpoint path")
         _require(
             self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}"
         )
+
+
+@dataclass
+class ProfileConfig:
+    """`train.profile`: torch.profiler traces of windows of steps, one chrome trace per rank and window
+    (launch/run/profiling.py). The window is torch.profiler.schedule's, counted in this launch's steps."""
+
+    enabled: bool = False
+    skip_first: int = 5  # steps before the first window (start-up, first allocations, compilation)
+    wait: int = 0  # steps between windows
+    warmup: int = 1  # steps traced and discarded before each window (the profiler's own start-up)
+    active: int = 3  # steps in each trace
+    repeat: int = 1  # windows (0: one after another until the run ends)
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("skip_first", "wait", "warmup", "repeat"):
+            _require(getattr(self, key) >= 0, f"train.profile.{key} must be >= 0, got {getattr(self, key)}")
+        _require(self.active >= 1, f"train.profile.active must be >= 1 (steps in each trace), got {self.active}")
+
+
+@dataclass
+class MemorySnapshotConfig:
+    """`train.memory_snapshot` (CUDA only): the allocator's history over a window of this launch's steps,
+    dumped for pytorch.org/memory_viz, and on an out-of-memory error (launch/run/profiling.py)."""
+
+    enabled: bool = False
+    skip_first: int = 0  # steps before recording starts
+    steps: int = 3  # steps recorded, then dumped (0: until the run ends or runs out of memory)
+    max_entries: int = 100_000  # allocation events kept (the newest)
+
+    def __post_init__(self) -> None:
+        _require(self.skip_first >= 0, f"train.memory_snapshot.skip_first must be >= 0, got {self.skip_first}")
+        _require(self.steps >= 0, f"train.memory_snapshot.steps must be >= 0 (0: to the end), got {self.steps}")
+        _require(self.max_entries >= 1, f"train.memory_snapshot.max_entries must be >= 1, got {self.max_entries}")
 
 
 @dataclass
@@ -87,6 +127,8 @@ class TrainConfig:
     # Every thread's stack on stderr while a step has run this long without finishing, and again each
     # interval while it lasts (a data read that never returns; 0: off). launch/runtime/stall_watch.py
     stall_dump_s: float = 300.0
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")

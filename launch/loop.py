@@ -49,6 +49,8 @@ def train(cfg: Config) -> dict:
     watch = StallWatch(cfg.train.stall_dump_s)
     try:
         return _loop(run, watch)
+    except torch.OutOfMemoryError as err:  # a snapshot first (train.memory_snapshot), then one line
+        raise run.tracing.out_of_memory(err, watch.step) from err
     except RuntimeError as err:
         raise _comm_failure(err, cfg, run, watch.step) from err
     finally:
@@ -98,7 +100,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             windows = loader.next_step()  # this rank's share of the step, read ahead in the background
         except DataError:  # e.g. a Hub read that failed after its retries, with no step read before it
             if env.world_size == 1 and state.step > run.start_step:
-                run.save()  # one process has no one to agree with: keep what it trained, then say why
+                run.save(wait=True)  # one process has no one to agree with: keep what it trained, then say why
             raise
         run.audit.record(state.step + 1, windows)
         for micro, batch in enumerate(windows.split(t.micro_batch_size)):
@@ -108,6 +110,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
         state.step += 1
         state.tokens += run.tokens_per_step
         meter.end_step(state.step, grad_norm, run.tokens_per_step, loader.take_wait_s())
+        run.tracing.step(state.step)  # train.profile / train.memory_snapshot windows; nothing when off
 
         # Step 1 of a fresh run, not the first of a resumed one: a resume writes the records the
         # uninterrupted run writes (its first record averages the window the checkpoint holds).
@@ -152,7 +155,7 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             stop.raised = True
         if stop.agreed():
             log.warning("stop signal: saving a checkpoint at step %d and exiting", state.step)
-            run.save()
+            run.save(wait=True)  # after the write in flight (run.async_save), and before the exit
             break
         if state.step == t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0) or state.step in t.ckpt_at:
             with meter.paused():

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 # Full-precision values of the coefficients SPEC §1.2 lists to 5 significant digits.
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
@@ -114,6 +115,9 @@ def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
     return X
 
 
+# Its own span in a profiler trace (train.profile); without a profiler running, a few µs per call,
+# one call per shape bucket and step (bench/bench_record_function.py).
+@record_function("newton_schulz")
 def newton_schulz_many(
     matrices: Sequence[Tensor],
     steps: int = 5,

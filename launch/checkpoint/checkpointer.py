@@ -14,7 +14,10 @@ Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, 
 (every file's size and checksum) and `meta.json` (step, tokens, world size, resolved config, git
 commit; written last). Everything is written under
 `.tmp_step_N/` and renamed when complete, so a crash mid-save never leaves a broken checkpoint;
-`latest` names the newest complete one. Nothing read from a checkpoint can run code: per-rank files
+`latest` names the newest complete one. A background save (`run.async_save`) only stages the parts
+at its step and lets a thread write and then publish them by the same steps
+(`launch.checkpoint.async_writer`): what is visible is complete, whichever way it was written.
+Nothing read from a checkpoint can run code: per-rank files
 load with `torch.load(weights_only=True)`, DCP through `launch.checkpoint.dcp_safe` (an allow-listed unpickler
 for its metadata), ZeRO's state through safetensors.
 """
@@ -34,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from launch.checkpoint.async_writer import BackgroundWrite, pause_for_tests, writer_group
 from launch.checkpoint.disk import describe_failure, dir_bytes, free_bytes, mount_point, size_text
 from launch.checkpoint.manifest import verify_manifest, write_manifest
 from launch.errors import UserError
@@ -59,6 +63,10 @@ def _intact(path: Path) -> bool:
 
 class ShardedPart(Protocol):
     def save(self, directory: Path) -> None: ...  # collective: every rank calls it
+
+    # Collective: copy the state to host memory now; the returned function writes that copy into
+    # `directory` (on a background thread, with `group` for any collective it needs).
+    def stage(self, directory: Path, group: Any) -> Callable[[], None]: ...
 
     def load(self, directory: Path) -> None: ...  # collective
 
@@ -126,13 +134,25 @@ class Checkpointer:
         self.root, self.env, self.keep = Path(root), env, keep
         self.sharded, self.per_rank = list(sharded), dict(per_rank)
         self.optional = frozenset(optional)
+        self.group: Any | None = None  # the background write's process group (async_writer.writer_group)
+        self._pending: BackgroundWrite | None = None
 
-    def save(self, step: int, meta: dict[str, Any]) -> Path:
+    def enable_background(self) -> None:
+        """Allow `save(..., background=True)`. Collective: makes the writer's process group."""
+        self.group = writer_group(self.env.world_size)
+
+    def save(self, step: int, meta: dict[str, Any], background: bool = False) -> Path:
         """Write every part under `.tmp_step_N/`, then meta.json, rename, point `latest` at it and
         delete all but the newest `keep` complete checkpoints at or below this step. Returns the
         final directory. A write that fails (full disk, quota, permission, read-only file system)
         on any rank raises SaveError on every rank with one line; the temporary directory is
-        removed and every earlier checkpoint is left as it was."""
+        removed and every earlier checkpoint is left as it was.
+
+        `background` (after `enable_background`): only the staging (a host copy of every part, and
+        the small per-rank files) happens here; a thread writes the copy and then publishes exactly
+        as above, so the checkpoint appears complete or not at all. `wait()` returns it, or raises
+        that write's SaveError. A write still in flight is waited for first: at most one at a time."""
+        self.wait()
         final = step_dir(self.root, step)
         tmp = self.root / f".tmp_{final.name}"
         latest = latest_checkpoint(self.root) if self.root.is_dir() else None
@@ -147,24 +167,38 @@ class Checkpointer:
                 mount_point(self.root),
             )
 
-        def stage(work: Callable[[], None]) -> None:
+        def stage(work: Callable[[], None], group: Any = None) -> None:
             error: BaseException | None = None
             try:
                 work()
             except (OSError, RuntimeError, CheckpointException) as err:  # DCP's is a BaseException
                 error = err
-            self._agree(error, step, need, latest, tmp)
+            self._agree(error, step, need, latest, tmp, group)
 
         def prepare() -> None:
             if self.env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash mid-save
                 tmp.mkdir(parents=True)
 
+        def write_rank_states() -> None:
+            states = {name: part.state_dict() for name, part in self.per_rank.items()}
+            torch.save(states, tmp / f"rank{self.env.rank}.pt")
+
         def write_parts() -> None:
             for part in self.sharded:
                 part.save(tmp)
-            states = {name: part.state_dict() for name, part in self.per_rank.items()}
-            torch.save(states, tmp / f"rank{self.env.rank}.pt")
+            write_rank_states()
+
+        writers: list[Callable[[], None]] = []
+
+        def stage_parts() -> None:
+            writers.extend(part.stage(tmp, self.group) for part in self.sharded)
+            write_rank_states()  # a few KiB (loader position, step, RNG): written now, at its step
+
+        def write_staged() -> None:
+            for write in writers:
+                write()
+            pause_for_tests(step)
 
         def publish() -> None:
             if self.env.is_main:
@@ -178,12 +212,43 @@ class Checkpointer:
                 self._prune(step)
 
         stage(prepare)
-        stage(write_parts)
-        stage(publish)
-        barrier()
+        if not background:
+            stage(write_parts)
+            stage(publish)
+            barrier()
+            return final
+        if self.group is None and self.env.distributed:
+            raise RuntimeError("Checkpointer.save(background=True) needs enable_background() first")
+        stage(stage_parts)
+
+        def finish() -> Path:  # on the writer's thread; its collectives on the writer's group
+            stage(write_staged, self.group)
+            stage(publish, self.group)
+            barrier(self.group)
+            log.info("checkpoint: %s (written in the background, %.1f s)", final, time.perf_counter() - started)
+            return final
+
+        started = time.perf_counter()
+        self._pending = BackgroundWrite(step, finish)
         return final
 
-    def _agree(self, error: BaseException | None, step: int, need: int, latest: Path | None, tmp: Path) -> None:
+    def wait(self) -> Path | None:
+        """The background write in flight, once published (None when there is none); raises its
+        SaveError. Every rank gets the same outcome: the ranks agreed on it on the writer's thread."""
+        pending, self._pending = self._pending, None
+        return pending.wait() if pending is not None else None
+
+    def close(self) -> None:
+        """Wait for a write in flight (a run that stops on an error still publishes the checkpoint
+        it staged, if it can); its failure is logged, not raised over the error that ends the run."""
+        try:
+            self.wait()
+        except (SaveError, RuntimeError, CheckpointException) as err:
+            log.error("the checkpoint written in the background failed: %s", str(err).splitlines()[0])
+
+    def _agree(
+        self, error: BaseException | None, step: int, need: int, latest: Path | None, tmp: Path, group: Any = None
+    ) -> None:
         """Collective: every rank learns whether any rank failed; on failure rank 0 removes the
         temporary directory and every rank raises SaveError with the same line (an error that is
         not a file-system failure is re-raised as it is where it happened)."""
@@ -195,7 +260,7 @@ class Checkpointer:
             line = describe_failure(error, self.root, need, written, latest)
             if line is None:
                 line = f"rank {self.env.rank} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
-        lines = all_gather_objects(line)
+        lines = all_gather_objects(line, group)
         failed = next((x for x in lines if x is not None), None)
         if failed is None:
             return

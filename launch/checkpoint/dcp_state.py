@@ -4,7 +4,8 @@ model and its optimizers through `torch.distributed.checkpoint`, read back witho
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from launch.checkpoint.async_writer import HostStager
 from launch.checkpoint.dcp_safe import dcp_load
 
 # DCP warns on every single-process save/load that it assumes no process group: that is intended.
@@ -25,10 +27,29 @@ class ModelAndOptimizers:
 
     def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.module, self.optimizers = module, list(optimizers)
+        self._stager = HostStager()  # its host buffers, made at the first background save, are reused
 
     def save(self, directory: Path) -> None:
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
+
+    def stage(self, directory: Path, group: Any) -> Callable[[], None]:
+        """Copy the state to host memory now (launch.checkpoint.async_writer.HostStager) and start
+        DCP's asynchronous write of that copy into `directory` (its planning collectives on
+        `group`); the returned function waits for the write. Collective."""
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        written = dcp.async_save(
+            {"model": model_sd, "optim": optim_sd},
+            checkpoint_id=str(Path(directory) / "dcp"),
+            process_group=group,
+            async_stager=self._stager,
+        )
+        assert isinstance(written, Future)  # an AsyncSaveResponse only for a stager that returns a Future
+
+        def wait_for_write() -> None:
+            written.result()  # DCP's exception (CheckpointException), if any, raised on the writer thread
+
+        return wait_for_write
 
     def load(self, directory: Path) -> None:
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from launch.config import ParallelConfig, TrainConfig
 from launch.runtime.process_group import DistEnv, all_reduce_sum
@@ -78,8 +81,11 @@ class Engine(ABC):
         """Forward and backward of one micro-batch [B, T+1]; gradients are communicated only on the
         last micro-batch of a step. Returns the micro-batch's share of the step's mean loss."""
         with self._accumulating(last_micro_batch), self.autocast():
-            loss = self.module(batch[:, :-1], batch[:, 1:]) / self.accum_steps
-            self._backward(loss)
+            # Spans of a profiler trace (train.profile); without a profiler running, a few µs each.
+            with record_function("forward"):
+                loss = self.module(batch[:, :-1], batch[:, 1:]) / self.accum_steps
+            with record_function("backward"):
+                self._backward(loss)
         self._step_loss += loss.detach()
         return loss.detach()
 
@@ -108,6 +114,12 @@ class Engine(ABC):
     @abstractmethod
     def save(self, directory: Path) -> None:
         """Write model and optimizer state into the checkpoint directory (collective)."""
+
+    @abstractmethod
+    def stage(self, directory: Path, group: Any) -> Callable[[], None]:
+        """Copy model and optimizer state to host memory now (collective); the returned function
+        writes that copy into the checkpoint directory as `save` would, on a background thread
+        (`group`: the process group for its collectives; launch.checkpoint.async_writer)."""
 
     @abstractmethod
     def load(self, directory: Path) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.profiler import record_function
 
+from launch.checkpoint.async_writer import host_copy
 from launch.checkpoint.portable import (
     ZERO_FORMAT,
     ZERO_META,
@@ -51,7 +54,7 @@ from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
 from orscale import OptimConfig, set_lr
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
-from orscale.distributed.zero_checkpoint import LogicalState, load_zero_state, save_zero_state
+from orscale.distributed.zero_checkpoint import LogicalState, load_zero_state, stage_zero_state, write_zero_state
 from orscale.routing import canonical_name
 
 TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
@@ -185,6 +188,7 @@ class DeepSpeedEngine(Engine):
         if self._micro < self.accum_steps:
             self._ds.step()
 
+    @record_function("optimizer_step")  # a profiler trace's span (train.profile): reduce, clip, update
     def step(self, lr: float) -> Any:
         """Set lr on every group, then reduce, clip (raw global norm) and update. Returns the global
         norm of the raw gradients (a device tensor where DeepSpeed keeps one: no host sync)."""
@@ -235,21 +239,32 @@ class DeepSpeedEngine(Engine):
         """Collective. Each rank's optimizer state under zero/ (by parameter name), and (rank 0) the
         weights in model.safetensors: ZeRO-1/2 keep whole fp32 weights on every rank, equal to the
         master partitions, so they serve resume, export and evaluation alike."""
+        self.stage(directory, None)()
+
+    def stage(self, directory: Path, group: Any) -> Callable[[], None]:
+        """Host copies of this rank's optimizer state and (rank 0) the weights, taken now; the
+        returned function writes the files `save` writes. No collective in either half (`group` is
+        unused): each rank writes its own files."""
         (directory / TAG).mkdir(exist_ok=True)
-        save_zero_state(self.optimizer, directory / TAG / f"rank{self.env.rank}.safetensors")
-        if self.env.is_main:
-            # Clones: ZeRO's params are views into its flat buffers, which safetensors refuses.
-            weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
-            save_file(weights, str(directory / "model.safetensors"))
-            meta = {
-                "format": FORMAT,
-                "world_size": self.world_size,
-                "stage": zero_stage(self.backend),
-                "optim": self.optim_name,
-            }
-            (directory / TAG / META).write_text(json.dumps(meta, indent=1))
-        # No barrier here: the checkpointer agrees across ranks after every part has been written
-        # (a rank whose write failed must not leave the others waiting in a barrier).
+        state = stage_zero_state(self.optimizer, host_copy)
+        # Copies: ZeRO's params are views into its flat buffers, which safetensors refuses.
+        weights = {k: host_copy(v) for k, v in self.model.state_dict().items()} if self.env.is_main else {}
+        meta = {
+            "format": FORMAT,
+            "world_size": self.world_size,
+            "stage": zero_stage(self.backend),
+            "optim": self.optim_name,
+        }
+
+        def write() -> None:
+            write_zero_state(state, directory / TAG / f"rank{self.env.rank}.safetensors")
+            if self.env.is_main:
+                save_file(weights, str(directory / "model.safetensors"))
+                (directory / TAG / META).write_text(json.dumps(meta, indent=1))
+            # No barrier here: the checkpointer agrees across ranks after every part has been written
+            # (a rank whose write failed must not leave the others waiting in a barrier).
+
+        return write
 
     def load(self, directory: Path) -> None:
         """Collective. Weights into the model and this rank's fp32 master partitions, then the

@@ -5,11 +5,14 @@ checkpoints go through `torch.distributed.checkpoint` (`dcp/`, loadable at any w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.checkpoint.portable import check_checkpoint_layout, checkpoint_kind, read_optimizer_state, read_weights
@@ -63,6 +66,7 @@ class TorchEngine(Engine):
     def _backward(self, loss: Tensor) -> None:
         loss.backward()
 
+    @record_function("optimizer_step")  # a profiler trace's span (train.profile): clip and update
     def step(self, lr: float) -> Tensor:
         set_lr(self.optimizers, lr)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
@@ -83,6 +87,9 @@ class TorchEngine(Engine):
 
     def save(self, directory: Path) -> None:
         self._checkpoint.save(directory)
+
+    def stage(self, directory: Path, group: Any) -> Callable[[], None]:
+        return self._checkpoint.stage(directory, group)
 
     def load(self, directory: Path) -> None:
         if checkpoint_kind(directory) == "dcp":

@@ -61,6 +61,8 @@ QUIET = (
     "config.train.ckpt_every",
     "config.train.ckpt_at",
     "config.train.progress",
+    "config.train.profile.",  # traces and snapshots observe the run; they change nothing in it
+    "config.train.memory_snapshot.",
     "config.data.encode_batch_docs",
     "config.data.val_batch_size",
     "config.data.prefetch_steps",

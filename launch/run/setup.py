@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from launch.engine import Engine, engine_class
 from launch.errors import ConfigError, UserError
 from launch.run.lock import RunLock
 from launch.run.meter import StepMeter
+from launch.run.profiling import StepTracing, check_memory_snapshot
 from launch.run.provenance import git_commit
 from launch.run.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.run.run_dir import RunDir, WindowAudit, check_mirrors_available
@@ -69,6 +71,7 @@ class Run:
     tokens_per_step: int
     start_step: int
     resumed_from: Path | None
+    tracing: StepTracing  # train.profile and train.memory_snapshot (launch/run/profiling.py)
 
     def check_finite(self) -> None:
         """DivergenceError (one line: where, the last good checkpoint, what to do) if any rank saw a
@@ -89,23 +92,50 @@ class Run:
             f"training diverged: non-finite {quantity} at step {step}; nothing was saved from it; {where}"
         )
 
-    def save(self) -> Path | None:
+    def save(self, wait: bool = False) -> Path | None:
         """A checkpoint of the current state, after checking that it is finite on every rank. A
         checkpoint that cannot be written stops the run (SaveError, one line), unless
         `train.on_save_error=continue` and it is not the last step: then the line is logged and the
-        next interval tries again. Returns the checkpoint, or None when it was not written."""
+        next interval tries again. Returns the checkpoint, or None when it was not written.
+
+        With `run.async_save`, an interval checkpoint is only staged here and written while training
+        goes on; the last step's and a `wait` one (a stop signal, a failed read) are written before
+        this returns, after the write in flight: the run never ends with a write unfinished."""
         self.check_finite()
+        self.finish_background_save()
+        last = wait or self.state.step >= self.cfg.train.max_steps
+        background = self.cfg.run.async_save and not last
+        started = time.perf_counter()
         try:
-            path = self.checkpointer.save(self.state.step, {**self.meta, "tokens": self.state.tokens})
+            path = self.checkpointer.save(
+                self.state.step, {**self.meta, "tokens": self.state.tokens}, background=background
+            )
         except SaveError as err:
-            if self.cfg.train.on_save_error != "continue" or self.state.step >= self.cfg.train.max_steps:
-                raise
-            log.error("%s; training goes on (train.on_save_error=continue) and tries again at the next save", err)
+            self._save_failed(err, last=self.state.step >= self.cfg.train.max_steps)
             return None
-        log.info("checkpoint: %s", path)
+        if background:
+            took = time.perf_counter() - started
+            log.info("checkpoint step %d staged in %.2f s; writing it in the background", self.state.step, took)
+        else:
+            log.info("checkpoint: %s", path)
         return path
 
+    def finish_background_save(self) -> None:
+        """Wait for the checkpoint written in the background, if any. Its failure is a synchronous
+        save's: the run stops, or goes on with `train.on_save_error=continue`."""
+        try:
+            self.checkpointer.wait()
+        except SaveError as err:
+            self._save_failed(err, last=False)
+
+    def _save_failed(self, err: SaveError, last: bool) -> None:
+        if self.cfg.train.on_save_error != "continue" or last:
+            raise err
+        log.error("%s; training goes on (train.on_save_error=continue) and tries again at the next save", err)
+
     def close(self) -> None:
+        self.checkpointer.close()  # a write in flight is published under the run's lock, or fails
+        self.tracing.close()
         self.loader.close()
         self.run_dir.close()
         self.audit.close()
@@ -167,6 +197,7 @@ def setup_run(cfg: Config) -> Run:
         )
     env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s)
     setup_logging(env.rank)
+    check_memory_snapshot(cfg.train, env.device)
     tf32 = set_tf32(cfg.train.tf32, env.device)
     _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
     accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)
@@ -242,6 +273,8 @@ def setup_run(cfg: Config) -> Run:
             keep=cfg.run.keep_checkpoints,
             optional=("meter",),
         )
+        if cfg.run.async_save:
+            checkpointer.enable_background()
         if resume_from is not None:
             checkpointer.load(resume_from)
         prepare_run_dir(run_dir, state.step)
@@ -301,4 +334,5 @@ def setup_run(cfg: Config) -> Run:
         tokens_per_step=cfg.train.tokens_per_step,
         start_step=state.step,
         resumed_from=resume_from,
+        tracing=StepTracing(cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step),
     )

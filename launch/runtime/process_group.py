@@ -149,9 +149,10 @@ def shutdown(clean: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
+def barrier(group: Any = None) -> None:
+    """`group`: a process group (None: the default one)."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -160,12 +161,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_gather_objects(obj: Any) -> list[Any]:
-    """Every rank's `obj` (small Python objects only: loader states, flags)."""
+def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's `obj` (small Python objects only: loader states, flags); `group`: a process
+    group of every rank (None: the default one)."""
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 

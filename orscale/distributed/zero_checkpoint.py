@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,21 @@ def _cpu(t: Tensor) -> Tensor:
 
 def save_zero_state(opt: ZeroShardedOptimizer, path: Path) -> None:
     """Write this rank's share of the optimizer state to `path` (one safetensors file per rank)."""
+    write_zero_state(stage_zero_state(opt), path)
+
+
+def stage_zero_state(
+    opt: ZeroShardedOptimizer, to_host: Callable[[Tensor], Tensor] = _cpu
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """This rank's share of the optimizer state as host copies, by name (`write_zero_state`'s input):
+    {key: tensor} and {key: Python number}. `to_host` makes each copy (a background save pins them
+    when the state is on a GPU); nothing returned shares memory with the optimizer."""
     tensors: dict[str, Tensor] = {}
     numbers: dict[str, Any] = {}
 
     def put(key: str, value: Any) -> None:
         if isinstance(value, Tensor):
-            tensors[key] = _cpu(value)
+            tensors[key] = to_host(value)
         else:
             numbers[key] = value
 
@@ -63,13 +73,21 @@ def save_zero_state(opt: ZeroShardedOptimizer, path: Path) -> None:
         for key, value in opt.state.get(part, {}).items():
             if isinstance(value, Tensor) and value.dim() == 1 and value.numel() == part.numel():
                 for pc in mine:
-                    tensors[f"flat/{layout.names[pc.k]}/{key}@{pc.mat_off}"] = _cpu(value.narrow(0, pc.part_off, pc.n))
+                    tensors[f"flat/{layout.names[pc.k]}/{key}@{pc.mat_off}"] = to_host(
+                        value.narrow(0, pc.part_off, pc.n)
+                    )
             else:  # per-partition scalars (AdamW's step): the same for every parameter of the group
                 for pc in mine:
                     put(f"flat/{layout.names[pc.k]}/{key}", value)
     for name, w in opt.owned_tensors():
         for key, value in opt.owner_state(w).items():
             put(f"owner/{name}/{key}", value)
+    return tensors, numbers
+
+
+def write_zero_state(staged: tuple[dict[str, Tensor], dict[str, Any]], path: Path) -> None:
+    """Write `stage_zero_state`'s copies to `path` (safetensors; the numbers in its JSON metadata)."""
+    tensors, numbers = staged
     save_file(tensors, str(path), metadata={NUMBERS: json.dumps(numbers)})
 
 
