@@ -158,37 +158,61 @@ def _speedup(rows: list[Row], series: list[Row]) -> list[dict[str, Any]]:
             "rows": [],
         }
         out.append(entry)
-        D, means = [float(d) for d, _ in adam], [g.score.mean for _, g in adam]
-        fit = fit_power_law(D, means) if len(adam) >= 3 else None
-        if len(adam) < 3:
-            entry["reason"] = f"{len(adam)} finished AdamW budget(s) at this scale; an L(D) fit needs 3"
-        elif any(b >= a for a, b in zip(means, means[1:], strict=False)):
-            entry["reason"] = (
-                "AdamW's loss does not fall with every added budget ("
-                + ", ".join(f"{d:,.0f} tokens: {m:.4f}" for d, m in zip(D, means, strict=True))
-                + "): no decreasing L(D) to invert, so no speedup"
-            )
-        elif fit is None:
-            entry["reason"] = "the AdamW budgets do not pin down an L(D) fit"
-        if "reason" in entry or fit is None:
+        curve = adamw_curve([float(d) for d, _ in adam], [list(g.score.losses.values()) for _, g in adam])
+        if isinstance(curve, str):
+            entry["reason"] = curve
             continue
-        E, A, beta = fit_power_law_batch(D, t_draws([list(g.score.losses.values()) for _, g in adam], DRAWS))
-        entry.update(fit=fit, E_ci=percentile_ci(E), alpha_ci=percentile_ci(beta), draws=(E, A, beta))
+        E, _, beta = curve.draws
+        entry.update(fit=curve.fit, E_ci=percentile_ci(E), alpha_ci=percentile_ci(beta), draws=curve.draws)
         for k, r in enumerate(rs):
             for name in order(r.groups):
                 g = r.groups[name]
                 if name == "adamw" or not usable(g):
                     continue
-                loss, d_adam = g.score.mean, fit.inverse(g.score.mean)
-                ld = t_draws([list(g.score.losses.values())], DRAWS, seed=1 + k)[:, 0]
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    dd = np.where((ld > E) & (A > 0), (A / (ld - E)) ** (1.0 / beta), np.inf)
-                entry["rows"].append(
-                    dict(optim=name, tokens=r.tokens, loss=loss, n=len(g.score.losses), adamw_tokens=d_adam)
-                    | dict(speedup=d_adam / r.tokens, ci=percentile_ci(dd / r.tokens))
-                    | dict(extrapolated=not (min(D) <= d_adam <= max(D)), edge=g.edge)
-                )
+                gain = curve.speedup(list(g.score.losses.values()), r.tokens, seed=1 + k)
+                entry["rows"].append(dict(optim=name, tokens=r.tokens, **gain, edge=g.edge))
     return out
+
+
+@dataclass
+class AdamwCurve:
+    """AdamW's L(D) at one scale: the fit of its per-budget mean losses, and fits of t draws of them."""
+
+    D: list[float]
+    fit: PowerFit
+    draws: tuple[np.ndarray, np.ndarray, np.ndarray]  # (E, A, alpha), each [DRAWS]
+
+    def speedup(self, losses: list[float], tokens: float, seed: int) -> dict[str, Any]:
+        """The data-efficiency multiplier over AdamW of a point scored `losses` (one per seed) at
+        `tokens`: the tokens AdamW needs to reach its mean loss, over `tokens`, with a 95% interval
+        from t draws of that mean against the curve's draws (`seed`: the draws' generator)."""
+        E, A, beta = self.draws
+        loss = float(np.mean(losses))
+        d_adam = self.fit.inverse(loss)
+        ld = t_draws([losses], DRAWS, seed=seed)[:, 0]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            dd = np.where((ld > E) & (A > 0), (A / (ld - E)) ** (1.0 / beta), np.inf)
+        return dict(loss=loss, n=len(losses), adamw_tokens=d_adam, speedup=d_adam / tokens) | dict(
+            ci=percentile_ci(dd / tokens), extrapolated=not (min(self.D) <= d_adam <= max(self.D))
+        )
+
+
+def adamw_curve(D: list[float], losses: list[list[float]]) -> AdamwCurve | str:
+    """AdamW's L(D) from each budget's per-seed losses (budgets `D` in tokens, increasing), or why
+    there is none (one line)."""
+    means = [float(np.mean(v)) for v in losses]
+    fit = fit_power_law(D, means) if len(D) >= 3 else None
+    if len(D) < 3:
+        return f"{len(D)} finished AdamW budget(s) at this scale; an L(D) fit needs 3"
+    if any(b >= a for a, b in zip(means, means[1:], strict=False)):
+        return (
+            "AdamW's loss does not fall with every added budget ("
+            + ", ".join(f"{d:,.0f} tokens: {m:.4f}" for d, m in zip(D, means, strict=True))
+            + "): no decreasing L(D) to invert, so no speedup"
+        )
+    if fit is None:
+        return "the AdamW budgets do not pin down an L(D) fit"
+    return AdamwCurve(D, fit, fit_power_law_batch(D, t_draws(losses, DRAWS)))
 
 
 def _vertex(lrs: list[float], losses: list[float]) -> float | None:

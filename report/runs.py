@@ -29,12 +29,13 @@ PAPER_SETUP: dict[str, dict[str, int]] = _PAPER["setup"]
 REFS = ("adamw", "muon_moonlight")
 # Settings that do not change what a run computes (or are the sweep's axes): not part of a row.
 NOT_IN_ROW = tuple(
-    "run optim parallel train.seed train.log_every train.eval_every train.ckpt_every train.progress "
-    "train.record_windows train.micro_batch_size data.val_batch_size data.encode_batch_docs".split()
+    "run optim parallel train.seed train.log_every train.eval_every train.ckpt_every train.ckpt_at train.progress "
+    "train.record_windows train.micro_batch_size train.profile train.memory_snapshot "
+    "data.val_batch_size data.encode_batch_docs".split()
 )
 SCALE_KEYS = ("model", "data.seq_len", "train.max_steps", "train.tokens_per_step")
 AXES = ("lr", "adamw_lr")  # optim.* keys a sweep varies within one group
-ROW_KEY = ["label", "steps", "tokens_per_step", "seq_len", "hidden"]
+ROW_KEY = ["label", "steps", "tokens_per_step", "seq_len", "hidden", "schedule"]
 SHAPE = ("n_layer", "d_model", "n_head", "vocab_size")
 
 
@@ -49,6 +50,15 @@ def _hash(cfg: Any, drop: tuple[str, ...] = ()) -> str:
         if isinstance(node, dict):
             node.pop(last, None)
     return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def schedule_of(run: RunRecord) -> str:
+    """How a run's budget was made: "cosine" (its own run), or "wsd" (warmup-stable-decay), "wsd
+    branch" when it cooled down from another run's checkpoint (launch.branch: run.init_from). Part
+    of a row: runs of one budget under two protocols are two rows, in two scaling series."""
+    if run.cfg("optim.schedule", "cosine") == "cosine":
+        return "cosine"
+    return "wsd branch" if run.cfg("run.init_from") else "wsd"
 
 
 def scale_label(run: RunRecord) -> str:
@@ -239,6 +249,7 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
     n_layer: int | None = None
     d_model: int | None = None
     sweep_scale: str | None = None  # the sweep's scale label (first part of the run directories)
+    schedule: str = "cosine"  # the protocol that made this budget: cosine (its own runs) | wsd (schedule_of)
     # Other protocols' groups over this row's runs (report/selection.py): "shared", "transfer".
     protocols: dict[str, dict[str, Group]] = field(default_factory=dict)
 
@@ -252,11 +263,13 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
 
     @property
     def short(self) -> str:
-        return self.sweep_scale or self.name
+        made = "" if self.schedule == "cosine" else f" ({self.schedule})"
+        return f"{self.sweep_scale}{made}" if self.sweep_scale else self.name
 
     @property
     def name(self) -> str:
-        return f"{self.label} {self.steps}×{self.tokens_per_step}"
+        made = "" if self.schedule == "cosine" else f" ({self.schedule})"
+        return f"{self.label} {self.steps}×{self.tokens_per_step}{made}"
 
     @property
     def tokens(self) -> int:
@@ -277,6 +290,8 @@ def runs_table(runs: list[RunRecord], names: dict[Path, str]) -> pd.DataFrame:
                 "tokens_per_step": r.cfg("train.tokens_per_step"),
                 "seq_len": r.cfg("data.seq_len"),
                 "hidden": _hash(r.config, NOT_IN_ROW),
+                # a branch and its parent are one protocol's budgets: one scaling series (family)
+                "schedule": schedule_of(r).removesuffix(" branch"),
                 "optim": str(r.cfg("optim.name")),
                 "named": names.get(r.path),
                 "variant": _hash(r.cfg("optim", {}), AXES),
@@ -305,9 +320,10 @@ def runs_table(runs: list[RunRecord], names: dict[Path, str]) -> pd.DataFrame:
 def build_rows(runs: list[RunRecord], names: dict[Path, str] | None = None) -> list[Row]:
     t = runs_table(runs, names or {})
     rows: list[Row] = []
-    for (label, steps, tps, seq_len, hidden), frame in t.groupby(ROW_KEY, sort=False, dropna=False):
+    for (label, steps, tps, seq_len, hidden, schedule), frame in t.groupby(ROW_KEY, sort=False, dropna=False):
         first: RunRecord = frame["run"].iloc[0]
-        row = Row(str(label), int(steps), int(tps), int(seq_len), _hash(first.config, NOT_IN_ROW + SCALE_KEYS), hidden)
+        family = _hash(first.config, NOT_IN_ROW + SCALE_KEYS) + ("" if schedule == "cosine" else f"-{schedule}")
+        row = Row(str(label), int(steps), int(tps), int(seq_len), family, hidden, schedule=str(schedule))
         row.paper_scale = _paper_match(first)
         row.n_params, row.n_total = _params(first)
         row.n_layer, row.d_model = _shape(first)
@@ -315,7 +331,7 @@ def build_rows(runs: list[RunRecord], names: dict[Path, str] | None = None) -> l
         rows.append(row)
     labels: dict[tuple, list[Row]] = {}
     for row in rows:  # one label for two rows that differ only in hidden settings: tag them
-        labels.setdefault((row.label, row.steps, row.tokens_per_step, row.seq_len), []).append(row)
+        labels.setdefault((row.label, row.steps, row.tokens_per_step, row.seq_len, row.schedule), []).append(row)
     for same_label in labels.values():
         for row in same_label if len(same_label) > 1 else []:
             row.label += f"#{row.hidden[:4]}"

@@ -148,8 +148,10 @@ def plan(sweep: Sweep, state: State) -> Plan:
     """Every cell that can be known from the logs now (see the module docstring)."""
     out = Plan()
     if sweep.search is None:
-        out.cells = sweep.cells
+        out.cells = [c for c in sweep.cells if _group(sweep, c).branch_of is None]
         out.groups = {g.id: GroupPlan(sorted(g.lrs)) for g in sweep.groups}
+        for g in (g for g in sweep.groups if g.branch_of is not None):
+            _add_branches(sweep, g, [point(lr) for lr in g.lrs], out)
         return out
     seed = sweep.search.seed
     for g in sweep.groups:
@@ -159,8 +161,17 @@ def plan(sweep: Sweep, state: State) -> Plan:
             for p in (gp.best, point(gp.shared_lr) if gp.shared_lr is not None else None):
                 if p is not None and gp.best is not None:
                     out.cells += [g.cell(p, s) for s in sweep.seeds]
-    for g in sweep.groups:  # lr_from: another scale's and/or another optimizer's best point
-        if g.searched:
+    later = sorted((g for g in sweep.groups if not g.searched), key=lambda g: g.branch_of is not None)
+    for g in later:  # lr_from: another scale's and/or another optimizer's best point; branches: the parent's
+        if g.branch_of is not None:
+            parent = out.groups.get(f"{g.branch_of}/{g.optim}")
+            chosen = [] if parent is None or parent.best is None else [parent.best]
+            if parent is not None and parent.shared_lr is not None and parent.best is not None:
+                chosen.append(point(parent.shared_lr))
+            out.groups[g.id] = GroupPlan([p[0] for p in chosen], parent.best if parent else None, points=chosen)
+            if not chosen:
+                out.waiting.append(f"{g.id}: waits for the best LR of {g.branch_of}/{g.optim}")
+            _add_branches(sweep, g, chosen, out)
             continue
         source_id = f"{g.lr_from or g.scale}/{g.lr_from_optim or g.optim}"
         source = out.groups.get(source_id)
@@ -181,6 +192,23 @@ def plan(sweep: Sweep, state: State) -> Plan:
         unique.setdefault(c.id, c)
     out.cells = list(unique.values())
     return out
+
+
+def _group(sweep: Sweep, c: Cell) -> CellGroup:
+    return next(g for g in sweep.groups if g.scale == c.scale and g.optim == c.optim)
+
+
+def _add_branches(sweep: Sweep, g: CellGroup, points: list[Point], out: Plan) -> None:
+    """The branch cells of `g` at `points` x the seeds that can run now; the others as waiting lines."""
+    from launch.sweep.branches import branch_cell
+
+    for p in points:
+        for seed in sweep.seeds:
+            cell = branch_cell(sweep, g, p, seed)
+            if isinstance(cell, str):
+                out.waiting.append(cell)
+            else:
+                out.cells.append(cell)
 
 
 def write_plan(sweep: Sweep, p: Plan) -> None:

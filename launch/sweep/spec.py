@@ -110,6 +110,7 @@ class CellGroup:
     lr_from: str | None  # a scale label
     runs_dir: Path
     lr_from_optim: str | None = None  # an optimizer label: its best LRs at this scale, no search
+    branch_of: str | None = None  # a scale label: cooldown branches of its (wsd) cells (launch/sweep/branches.py)
 
     @property
     def id(self) -> str:
@@ -117,7 +118,7 @@ class CellGroup:
 
     @property
     def searched(self) -> bool:
-        return self.lr_from is None and self.lr_from_optim is None
+        return self.lr_from is None and self.lr_from_optim is None and self.branch_of is None
 
     def cell(self, p: Point, seed: int) -> Cell:
         lr, adamw_lr = p[0], adamw_override(p)
@@ -203,7 +204,7 @@ def _label(raw: Any, where: str) -> str:
 def _scales(raw: Any, base: str) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         _fail("'scales' must be a non-empty list of preset names or {label: ..., model.x: ...} mappings")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, item in enumerate(raw):
         where = f"scales[{i}]"
         if isinstance(item, (str, int, float)) and not isinstance(item, bool):
@@ -213,13 +214,14 @@ def _scales(raw: Any, base: str) -> list[dict]:
                     "base": base,
                     "lrs": None,
                     "lr_from": None,
+                    "branch_of": None,
                     "overrides": [f"model.preset={item}"],
                 }
             )
             continue
         if not isinstance(item, dict) or "label" not in item:
             _fail(f"{where} must be a preset name or a mapping with a 'label', got {item!r}")
-        rest = {k: v for k, v in item.items() if k not in ("label", "base", "lrs", "lr_from")}
+        rest = {k: v for k, v in item.items() if k not in ("label", "base", "lrs", "lr_from", "branch_of")}
         lrs = item.get("lrs")
         if isinstance(lrs, dict):
             lrs = {str(k): _lrs(v, f"{where}.lrs.{k}") for k, v in lrs.items()}
@@ -231,6 +233,7 @@ def _scales(raw: Any, base: str) -> list[dict]:
                 "base": _base(item["base"], f"{where}.base") if "base" in item else base,
                 "lrs": lrs,
                 "lr_from": _label(item["lr_from"], f"{where}.lr_from") if item.get("lr_from") is not None else None,
+                "branch_of": _label(item["branch_of"], f"{where}.branch_of") if item.get("branch_of") else None,
                 "overrides": _overrides(rest, where),
             }
         )
@@ -343,7 +346,7 @@ def load_sweep(path: str | Path) -> Sweep:
                 or (s_lrs if isinstance(s_lrs, list) else None)
                 or default_lrs
             )
-            if not lrs and scale["lr_from"] is None and opt["lr_from"] is None:
+            if not lrs and scale["lr_from"] is None and opt["lr_from"] is None and scale["branch_of"] is None:
                 _fail(
                     f"no learning rates for optimizer '{opt['label']}' at scale '{scale['label']}': "
                     "give 'lrs' (top level, per optimizer or per scale)"
@@ -358,8 +361,12 @@ def load_sweep(path: str | Path) -> Sweep:
                 scale["lr_from"],
                 runs_dir,
                 opt["lr_from"],
+                scale["branch_of"],
             )
             if len(set(group.lrs)) != len(group.lrs) or any(g.id == group.id for g in sweep.groups):
                 _fail(f"two cells share a directory under {group.id} (duplicate label or learning rate)")
             sweep.groups.append(group)
+    from launch.sweep.branches import attach_branches  # it builds on the groups above
+
+    attach_branches(sweep)
     return sweep

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 
 class SpecError(ValueError):
     """A bad sweep file: the message is one line."""
 
 
-def fail(msg: str) -> None:
+def fail(msg: str) -> NoReturn:
     raise SpecError(msg)
 
 
