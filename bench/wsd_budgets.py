@@ -9,8 +9,9 @@ seeds 1-3, five token budgets (48 / 96 / 192 / 384 / 768 steps of 1,024 tokens),
   are the ladder's own (docs/results/cpu_ladder/run_logs.tar.xz: unpack it into --ladder); this adds 48
   and 768.
 * **wsd**: one 768-step run per (optimizer, seed), warmup 19 steps (the ladder's main budget's), the
-  peak, a 1-sqrt cooldown over its last 20% to 0.1x, checkpoints at the cooldown starts of the shorter
-  budgets; each shorter budget is a cooldown branch from there (`python -m launch.branch`).
+  peak, a 1-sqrt cooldown over its last 20% (`--decay-fraction 0.5`: half) to 0.1x, checkpoints at
+  the cooldown starts of the shorter budgets; each shorter budget is a cooldown branch from there
+  (`python -m launch.branch`), cooling down over the same share of itself.
 
 `python -m bench.wsd_budgets report` then compares them (bench/wsd_report.py).
 """
@@ -52,7 +53,13 @@ TUNED = {"adamw": (0.002, 0.128), "muon_moonlight": (0.004, 0.064), "orscale_lm"
 SEEDS = (1, 2, 3)
 BUDGETS = (48, 96, 192, 384, 768)
 LADDER_BUDGETS = {96: "s2-D0.5", 192: "s2", 384: "s2-D2"}  # the ladder's cosine runs, by label
-WSD_TOTAL, WSD_WARMUP, WSD_FRACTION = 768, 19, 0.2
+WSD_TOTAL, WSD_WARMUP = 768, 19
+FRACTIONS = (0.2, 0.5)  # the cooldown's share of each budget: Hägele et al.'s 20%, and half
+
+
+def wsd_dir(fraction: float) -> str:
+    """Where the wsd runs of a cooldown share live under --runs (`wsd`: 20%, `wsd-f0.5`: 50%)."""
+    return "wsd" if fraction == 0.2 else f"wsd-f{fraction:g}"
 
 
 @dataclass(frozen=True)
@@ -86,36 +93,36 @@ def cosine_jobs(runs: Path) -> list[Job]:
     return jobs
 
 
-def branch_starts() -> list[int]:
+def branch_starts(fraction: float) -> list[int]:
     """The shorter budgets' cooldown starts: where the wsd parent saves."""
     from orscale import OptimConfig
     from orscale.schedule import decay_steps
 
-    length = OptimConfig(schedule="wsd", decay_fraction=WSD_FRACTION)
+    length = OptimConfig(schedule="wsd", decay_fraction=fraction)
     return [b - decay_steps(length, b) for b in BUDGETS if b < WSD_TOTAL]
 
 
-def wsd_jobs(runs: Path) -> list[Job]:
+def wsd_jobs(runs: Path, fraction: float) -> list[Job]:
     jobs = []
     for optim in TUNED:
         for seed in SEEDS:
-            run_dir = runs / "wsd" / _tag(optim, seed)
+            run_dir = runs / wsd_dir(fraction) / _tag(optim, seed)
             cfg = [f"train.max_steps={WSD_TOTAL}", f"optim.warmup_steps={WSD_WARMUP}", "optim.schedule=wsd"]
-            cfg += [f"optim.decay_fraction={WSD_FRACTION}", "optim.decay_shape=1-sqrt", "train.eval_every=32"]
-            cfg += [f"train.ckpt_at=[{','.join(map(str, branch_starts()))}]", "run.keep_checkpoints=0"]
+            cfg += [f"optim.decay_fraction={fraction}", "optim.decay_shape=1-sqrt", "train.eval_every=32"]
+            cfg += [f"train.ckpt_at=[{','.join(map(str, branch_starts(fraction)))}]", "run.keep_checkpoints=0"]
             args = ["--config", "configs/tiny.yaml", *LADDER, *cfg, *_point(optim, seed), f"run.dir={run_dir}"]
             jobs.append(Job(run_dir, [sys.executable, "train.py", *args], WSD_TOTAL))
     return jobs
 
 
-def branch_jobs(runs: Path) -> list[Job]:
+def branch_jobs(runs: Path, fraction: float) -> list[Job]:
     """`python -m launch.branch` for each parent: every shorter budget, in <parent>-branches/."""
     jobs = []
-    for parent in wsd_jobs(runs):
+    for parent in wsd_jobs(runs, fraction):
         out = parent.run_dir.with_name(parent.run_dir.name + "-branches")
         budgets = [str(b) for b in BUDGETS if b < WSD_TOTAL]
         argv = [sys.executable, "-m", "launch.branch", "--parent", str(parent.run_dir), "--budgets", *budgets]
-        cooldowns = sum(b - s for b, s in zip(BUDGETS[:-1], branch_starts(), strict=True))
+        cooldowns = sum(b - s for b, s in zip(BUDGETS[:-1], branch_starts(fraction), strict=True))
         jobs.append(Job(out, [*argv, "--out", str(out)], cooldowns))
     return jobs
 
@@ -159,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ladder", type=Path, default=ROOT / "runs/cpu_ladder", help="the ladder's unpacked runs")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/cpu_ladder_wsd")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--decay-fraction", type=float, choices=FRACTIONS, default=0.2, help="the wsd runs to run")
     args = parser.parse_args(argv)
     runs = args.runs.resolve()
     if args.command == "run":
-        run_all(wsd_jobs(runs) + cosine_jobs(runs), args.jobs, runs / "logs")
-        run_all(branch_jobs(runs), args.jobs, runs / "logs")  # after their parents
+        run_all(wsd_jobs(runs, args.decay_fraction) + cosine_jobs(runs), args.jobs, runs / "logs")
+        run_all(branch_jobs(runs, args.decay_fraction), args.jobs, runs / "logs")  # after their parents
         return 0
     from bench.wsd_report import write_report
 

@@ -265,6 +265,11 @@ def test_ready_sweep_files():
         s = load_sweep(ROOT / "configs/sweeps" / path)
         assert len(s.cells) == cells and s.search is not None and s.search.adamw_ratios and s.search.shared, path
         assert {g.optim for g in s.groups if g.lr_from_optim == "muon_moonlight"} == {"orscale_lm_transfer"}, path
+    # the budget axis as cooldown branches (issue 42): the scored runs save where their branches start
+    budgets = load_sweep(ROOT / "configs/sweeps/paper_budgets.yaml")
+    assert len(budgets.cells) == 12 and sum(g.branch_of is not None for g in budgets.groups) == 24
+    main = next(g for g in budgets.groups if g.id == "1.1b/orscale_lm")
+    assert "train.ckpt_at=[3629,7258]" in main.overrides and "optim.schedule=wsd" in main.overrides
     mini = load_sweep(ROOT / "configs/sweeps/cpu_mini.yaml")
     assert len(mini.cells) == 24 and all(jobs.in_process(c, 1) for c in mini.cells)
 
