@@ -194,7 +194,13 @@ class PackedLoader:
         what the trainer consumed, so a later `next_step` continues exactly."""
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=30)
+            deadline = time.monotonic() + 30
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                try:  # what it read ahead is dropped anyway: take it, so a full queue frees its put at once
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(timeout=0.01)
             self._thread = None
             for s, snap in self._consumed.items():
                 self.shards[s].load(snap)
