@@ -3,6 +3,7 @@ changes, and the environment (Python, packages, devices), so any figure traces b
 
 from __future__ import annotations
 
+import functools
 import platform
 import socket
 import subprocess
@@ -31,13 +32,21 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty and commit != "unknown" else "")
 
 
-def environment() -> dict[str, Any]:
+@functools.cache
+def _package_versions() -> dict[str, str | None]:
+    """Installed packages do not change under a running process: read once (a sweep's in-process
+    cells and the test pool's jobs run many runs in one)."""
     versions: dict[str, str | None] = {}
     for pkg in ("torch", "transformers", "datasets", "tokenizers", "sentencepiece", "deepspeed", "numpy"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
+    return versions
+
+
+def environment() -> dict[str, Any]:
+    versions = dict(_package_versions())
     env = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -55,6 +64,7 @@ def environment() -> dict[str, Any]:
     return env
 
 
+@functools.cache
 def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
