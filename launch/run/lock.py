@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ class RunLock:
 
         A held lock is retried for `grace_s` seconds first: after kill -9 of torchrun its workers
         die by their parent-death signal, but a worker's exit (and with it the lock) can trail the
-        launcher's by a moment, and a requeue that relaunches at once must not be refused for it."""
+        launcher's by a moment, and a requeue that relaunches at once must not be refused for it.
+        A holder seen running on this host with its launcher is a live launch: refused at once."""
         deadline = time.monotonic() + grace_s
         while True:
             fh, created = self._open()
@@ -37,14 +39,10 @@ class RunLock:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if time.monotonic() < deadline:
+                    holder = _read_holder(fh)
+                    if time.monotonic() < deadline and not _running_here(holder):
                         time.sleep(0.2)
                         continue
-                    fh.seek(0)
-                    try:
-                        holder = json.loads(fh.read() or "{}")
-                    except ValueError:
-                        holder = {}
                     fh.close()
                     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
             if self._is_current(fh):
@@ -107,3 +105,29 @@ class RunLock:
         fcntl.flock(self._fh, fcntl.LOCK_UN)
         self._fh.close()
         self._fh = None
+
+
+def _read_holder(fh: IO[str]) -> dict:
+    """The holder's record ({} while it is being written or if unreadable)."""
+    fh.seek(0)
+    try:
+        holder = json.loads(fh.read() or "{}")
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _running_here(holder: dict) -> bool:
+    """Whether the holder is a process on this host that still has its launcher and is not being
+    killed: a live launch. False when that cannot be told (another host, no /proc): then wait."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        lines = Path(f"/proc/{holder['pid']}/status").read_text().splitlines()
+    except OSError:
+        return False
+    status = dict(line.split(":", 1) for line in lines if ":" in line)
+    sigkill = 1 << (signal.SIGKILL - 1)  # pending: its launcher died and the parent-death signal is on its way
+    pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
+    orphaned = int(status.get("PPid", "1")) == 1
+    return status.get("State", "Z").split()[0] not in ("Z", "X") and not orphaned and not pending & sigkill

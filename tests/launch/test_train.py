@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 
@@ -136,6 +138,8 @@ def test_a_lock_removed_by_a_failed_start_is_not_held_twice(tmp_path):
     file that is there afterwards, not the removed one: else a third launch could hold it too."""
     first, second = RunLock(tmp_path / "run"), RunLock(tmp_path / "run")
     assert first.acquire(grace_s=0) is None
+    # a holder on another node: whether it is going away cannot be seen from here, so the second waits
+    (tmp_path / "run" / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": "another-node", "since": "-"}))
     result: list[str | None] = []
     waiter = threading.Thread(target=lambda: result.append(second.acquire(grace_s=10)))
     waiter.start()
@@ -145,3 +149,20 @@ def test_a_lock_removed_by_a_failed_start_is_not_held_twice(tmp_path):
     assert result == [None]
     assert "pid" in RunLock(tmp_path / "run").acquire(grace_s=0)  # a third is refused: one holder
     second.release()
+
+
+def test_a_lock_held_by_a_live_launch_here_is_refused_without_waiting_the_grace(tmp_path):
+    """The grace is for a holder going away (its launcher killed); a holder running on this host
+    with its launcher (here: this process) is a live launch, refused at once."""
+    first = RunLock(tmp_path / "run")
+    assert first.acquire(grace_s=0) is None
+    started = time.monotonic()
+    holder = RunLock(tmp_path / "run").acquire(grace_s=60)
+    assert holder is not None and f"pid {os.getpid()} " in holder
+    assert time.monotonic() - started < 30, "waited for a live holder"
+    gone = int(open("/proc/sys/kernel/pid_max").read()) + 1  # a pid no process here can have
+    (tmp_path / "run" / ".lock").write_text(json.dumps({"pid": gone, "host": socket.gethostname()}))
+    started = time.monotonic()
+    assert RunLock(tmp_path / "run").acquire(grace_s=1) is not None  # a holder gone from here: the grace
+    assert time.monotonic() - started >= 1
+    first.release()
