@@ -93,20 +93,25 @@ def test_a_branch_runs_under_other_backends(parent, tmp_path):
 def test_a_killed_branch_resumes_from_its_own_checkpoint_bit_for_bit(parent, tmp_path):
     from tests.launch.test_resume import _wait_for_step
 
-    (plan,) = branch.plan_branches(parent, [24], tmp_path / "branches", fraction=0.25)  # steps 17-24
+    # steps 17-32, killed once past its own checkpoint of step 20: 11 steps and 3 checkpoints before
+    # its end, so that a kill cannot come after it (a 3-step margin lost that race once in CI)
+    (plan,) = branch.plan_branches(parent, [32], tmp_path / "branches", fraction=0.5)
+    assert (plan.start.name, plan.decay) == ("step_00000016", 16)
     cmd = launch_cmd(ROOT / "train.py", ["--config", str(parent / "config.yaml"), *plan.overrides()])
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    _wait_for_step(plan.run_dir, 21, proc)  # past its own checkpoint of step 20
+    _wait_for_step(plan.run_dir, 21, proc, poll_s=0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert (plan.run_dir / "checkpoints/step_00000020/meta.json").is_file()
+    newest = max((plan.run_dir / "checkpoints").glob("step_*/meta.json")).parent
+    assert newest.name != "step_00000032", "the kill came after the branch's end"
     rank_pool(1).run(train_runs, [["--config", str(parent / "config.yaml"), *plan.overrides()]], group=False)
     starts = [s["resumed_from"] for s in _setups(plan.run_dir)]
-    assert starts == [str(plan.start), str(plan.run_dir / "checkpoints/step_00000020")]  # then its own
+    assert starts == [str(plan.start), str(newest)]  # the parent's checkpoint, then its own
     want = train_losses(_reference(tmp_path / "ref", plan.budget, plan.decay))
-    assert train_losses(plan.run_dir) == {s: want[s] for s in range(17, 25)}
+    assert train_losses(plan.run_dir) == {s: want[s] for s in range(17, 33)}
 
 
 def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path, capsys):

@@ -104,6 +104,9 @@ def test_a_collective_error_becomes_one_line_naming_the_timeout_the_step_and_the
     assert "checkpoint is step 5" in str(timed_out) and "\n" not in str(timed_out)
     closed = comm_failure(RuntimeError(GLOO_CLOSED), *args)
     assert closed is not None and "connection closed" in str(closed) and "in step 9" in str(closed)
+    # gloo's word to the rank's other operations once one recv timed out: no source path in it
+    closure = comm_failure(RuntimeError("Application timeout caused pair closure"), *args)
+    assert closure is not None and str(closure).startswith("rank 0: a collective timed out")
     nccl = comm_failure(dist.DistBackendError("Watchdog caught collective operation timeout: WorkNCCL(...)"), *args)
     assert nccl is not None and "timed out" in str(nccl)
     # Anything else keeps its traceback.

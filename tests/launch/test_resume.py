@@ -19,7 +19,7 @@ from tests.helpers import ROOT, env, metrics, train_cmd, train_in_pool, train_lo
 pytestmark = pytest.mark.slow
 
 
-def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300, poll_s: float = 0.2) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -27,7 +27,7 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
         path = run_dir / "metrics.jsonl"
         if path.exists() and any(m.get("step", 0) >= step for m in metrics(run_dir)):
             return
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise AssertionError("timed out waiting for the run")
 
 
