@@ -60,6 +60,17 @@ from orscale.routing import canonical_name
 TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
 
 
+# DeepSpeed's CPU accelerator compiles a shared-memory all-reduce op when its comm starts (20-40 s
+# on a first run in each environment); only its inference all-reduce (AutoTP layers) calls it.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def _skip_shm_comm_op(deepspeed: Any) -> None:
+    """Mark that op incompatible, which DeepSpeed's comm reads before building it: ZeRO training
+    never calls it (its collectives are torch.distributed's), so no compile at start-up."""
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
 def zero_stage(backend: str) -> int:
     return {"zero1": 1, "zero2": 2}[backend]
 
@@ -146,6 +157,8 @@ class DeepSpeedEngine(Engine):
             raise RuntimeError(
                 "DeepSpeedEngine needs the process group (launch.runtime.process_group.init_distributed)"
             )
+        if accel == "cpu":
+            _skip_shm_comm_op(deepspeed)
         self.backend, self.optim_name = parallel.backend, optim.name
         self.world_size = dist.get_world_size()
         self.config = ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype)

@@ -51,7 +51,10 @@ def _zero_forward(dtype_name: str) -> dict:
         engine.model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
         engine.forward_backward(zw.batches()[0, 0, : zw.MICRO], last_micro_batch=False)
         zero = engine._ds.optimizer
+        import deepspeed.comm.comm as ds_comm
+
         return {
+            "shm_op": ds_comm.cdb.shm_comm_op is not None,
             "matmul": [str(d) for d in seen],
             "reduce": sorted(str(d) for d in zero.ipg_buckets),
             "tagged": sorted(n for n, p in engine.model.named_parameters() if hasattr(p, "comm_dtype")),
@@ -67,6 +70,8 @@ def test_zero_computes_in_bf16_when_autocast_is_asked_about_cuda_and_reduces_in_
     assert bf16["reduce"] == ["torch.float32"] and bf16["tagged"] == []  # gradients reduced in fp32
     fp32 = rank_pool(1).run(_zero_forward, "float32")[0]
     assert fp32["matmul"] == ["torch.float32"] and fp32["reduce"] == ["torch.float32"]
+    # on the CPU accelerator, DeepSpeed's shared-memory inference all-reduce is neither built nor loaded
+    assert not bf16["shm_op"] and not fp32["shm_op"]
 
 
 # ------------------------------------------------------------------ 2. ZeRO state placement
