@@ -60,17 +60,6 @@ from orscale.routing import canonical_name
 TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
 
 
-# DeepSpeed's CPU accelerator compiles a shared-memory all-reduce op when its comm starts (20-40 s
-# on a first run in each environment); only its inference all-reduce (AutoTP layers) calls it.
-SHM_COMM_OP = "deepspeed_shm_comm"
-
-
-def _skip_shm_comm_op(deepspeed: Any) -> None:
-    """Mark that op incompatible, which DeepSpeed's comm reads before building it: ZeRO training
-    never calls it (its collectives are torch.distributed's), so no compile at start-up."""
-    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
-
-
 def zero_stage(backend: str) -> int:
     return {"zero1": 1, "zero2": 2}[backend]
 
@@ -158,7 +147,9 @@ class DeepSpeedEngine(Engine):
                 "DeepSpeedEngine needs the process group (launch.runtime.process_group.init_distributed)"
             )
         if accel == "cpu":
-            _skip_shm_comm_op(deepspeed)
+            # DeepSpeed's comm compiles a shared-memory all-reduce op for the CPU at start (20-40 s on
+            # a first run) unless marked incompatible; only its AutoTP inference all-reduce calls it.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         self.backend, self.optim_name = parallel.backend, optim.name
         self.world_size = dist.get_world_size()
         self.config = ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype)

@@ -21,10 +21,12 @@ def init_cmdline() -> str:
         return ""
 
 
-def adopted_by_init() -> bool:
-    """Whether this process's parent is an init that adopted it (so its launcher is gone)."""
+def adopted_by_init(ppid: int | None = None) -> bool:
+    """Whether a process whose parent is `ppid` (default: this process's) was adopted by an init,
+    so that its launcher is gone."""
     init = init_cmdline()
-    return os.getppid() == 1 and bool(init) and not any(name in init for name in _LAUNCHERS)
+    ppid = os.getppid() if ppid is None else ppid
+    return ppid == 1 and bool(init) and not any(name in init for name in _LAUNCHERS)
 
 
 def die_with_parent() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from launch.errors import ConfigError
+from launch.launcher.parent_death import adopted_by_init
 
 
 class RunLock:
@@ -129,5 +130,5 @@ def _running_here(holder: dict) -> bool:
     status = dict(line.split(":", 1) for line in lines if ":" in line)
     sigkill = 1 << (signal.SIGKILL - 1)  # pending: its launcher died and the parent-death signal is on its way
     pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
-    orphaned = int(status.get("PPid", "1")) == 1
+    orphaned = adopted_by_init(int(status.get("PPid", "1")))
     return status.get("State", "Z").split()[0] not in ("Z", "X") and not orphaned and not pending & sigkill
