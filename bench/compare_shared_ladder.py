@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from report.records import read_run
+from records.read import read_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

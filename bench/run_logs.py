@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from report.records import find_run_dirs, read_run
+from records.read import find_run_dirs, read_run
 
 RUN_FILES = ("config.yaml", "run.log", "metrics.jsonl", "sweep.out")
 

@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402  # after the backend is chosen
 import pandas as pd  # noqa: E402
 
 from bench.wsd_budgets import BUDGETS, FRACTIONS, LADDER_BUDGETS, SEEDS, TUNED, WSD_TOTAL, _tag, wsd_dir  # noqa: E402
+from records.read import read_run, strict_json  # noqa: E402
 from report.analysis import adamw_curve  # noqa: E402
-from report.records import read_run, strict_json  # noqa: E402
 from report.stats import compare, holm  # noqa: E402
 
 TOKENS_PER_STEP = 1024

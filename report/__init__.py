@@ -1,9 +1,7 @@
 """The comparison report (`python -m report RUNS_DIR --out DIR`): from run directories to report.md,
-summary.json and figures. It reads run records only and imports no part of the launcher.
+summary.json and figures. It reads run directories through `records` (the run records' one reader,
+shared with the launcher) and imports no part of the launcher.
 
-records     run directories read back (config.yaml, run.log, metrics.jsonl; diagnostics, downstream)
-points      what launch.sweep writes and the report reads: points, run names, the best-point and
-            grid-edge rule, sweep_plan.json
 runs        the finished runs as a table, grouped into rows and groups (best point, score, edge)
 selection   the sweep plan applied: search and evaluation seeds, statuses, the protocols' views
 stats       t-tests and intervals (scipy), Holm, least-squares lines, power-law fits

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from report import records
+from records.points import SweepPlan
+from records.read import RunRecord, finite, read_downstream
 from report.fmt import order
-from report.points import SweepPlan
-from report.records import RunRecord, finite
 from report.runs import REFS, Group, Row, usable
 from report.selection import SHARED, TRANSFER, Pending
 from report.stats import (
@@ -337,7 +336,7 @@ def _downstream(rows: list[Row]) -> dict[str, list[dict[str, Any]]]:
             g = row.groups[name]
             per_seed: dict[str, dict[int, dict]] = {}
             for r in g.score.runs:
-                for task, s in records.downstream(r).items():
+                for task, s in read_downstream(r).items():
                     per_seed.setdefault(task, {})[int(r.cfg("train.seed", 0))] = s
             for task, by_seed in per_seed.items():
                 first = next(iter(by_seed.values()))

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from records.points import SweepPlan
+from records.read import find_run_dirs, read_run, strict_json
 from report import markdown, plots
 from report.analysis import analyse
-from report.points import SweepPlan
-from report.records import find_run_dirs, read_run, strict_json
 from report.runs import build_rows
 from report.selection import apply_plan, group_names
 from report.summary import summary

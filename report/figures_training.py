@@ -12,10 +12,10 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from records.read import CLASSES, diag_series
 from report.analysis import Report
 from report.fmt import fmt_point, human, opt_name, order
 from report.plots import LOSS, MARKERS, clip_top, color, empty, eval_curve, figure, log_axis, n_axis, save, shade
-from report.records import CLASSES, diag_series
 from report.runs import Row
 
 CLASS_NAMES = {"attn_qkv": "attention QKV", "attn_out": "attention out", "mlp_up": "MLP up", "mlp_down": "MLP down"}

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from report.points import tied
-from report.records import RunRecord
+from records.points import tied
+from records.read import RunRecord
 
 OPT_NAMES = {
     "adamw": "AdamW",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from records.points import SweepPlan
 from report.analysis import Report
 from report.fmt import fmt_point, human, interval, num, opt_name, order, sig, table
-from report.points import SweepPlan
 from report.runs import Group, usable
 from report.stats import Comparison, t_ppf
 

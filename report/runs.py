@@ -2,7 +2,7 @@
 one setting (same model, context, tokens per step, steps and every other setting that changes the
 result); within a row, a *group* per optimizer holds its runs, one *cell* per point (the two peak
 LRs), whose runs are the seeds. A group's best point, score and grid edge are the LR search's rule
-(report/points.py). Parameter counts and the model's shape come from the run's own records (metrics,
+(records/points.py). Parameter counts and the model's shape come from the run's own records (metrics,
 run.log's setup line, else config.yaml's model section resolved by `models`); the paper's published
 losses and setups are data (paper_results.json), shown beside ours."""
 
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from report.points import Point, best, edge, point, same, tied
-from report.records import RunRecord, finite
+from records.points import Point, best, edge, point, same, tied
+from records.read import RunRecord, finite
 
 _PAPER = json.loads(Path(__file__).with_name("paper_results.json").read_text())
 PAPER: dict[str, dict[str, float]] = _PAPER["final_val_loss"]  # SPEC §4, one seed each

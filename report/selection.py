@@ -1,4 +1,4 @@
-"""Which runs give each group's numbers: the sweep plan (`RUNS_DIR/sweep_plan.json`, report/points.py)
+"""Which runs give each group's numbers: the sweep plan (`RUNS_DIR/sweep_plan.json`, records/points.py)
 applied to the rows built from the logs.
 
 With an LR search, the best point is chosen on the search seed alone and the numbers come from the
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from records.points import GroupPlan, Point, SweepPlan, parse_run_name, point, same, tied
+from records.read import RunRecord
 from report.fmt import fmt_point
-from report.points import GroupPlan, Point, SweepPlan, parse_run_name, point, same, tied
-from report.records import RunRecord
 from report.runs import Group, Row
 
 SHARED, TRANSFER = "shared", "transfer"

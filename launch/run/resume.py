@@ -32,7 +32,7 @@ from launch.errors import ConfigError
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
 from orscale.optim_config import ELEMENTWISE
-from report.records import read_metrics
+from records.read import read_metrics
 
 log = logging.getLogger("orscale")
 

@@ -23,7 +23,7 @@ import yaml
 from launch.config import TrainConfig
 from launch.errors import ConfigError
 from launch.run.provenance import environment, git_commit
-from report.records import strict_json  # the run records' one JSON rule, shared with the report
+from records.read import strict_json  # the run records' one JSON rule, shared with the report
 
 log = logging.getLogger("orscale")
 

@@ -21,7 +21,7 @@ from launch.sweep.spec import Cell, CellGroup, Sweep
 from launch.sweep.spec_values import fail
 from orscale import OptimConfig
 from orscale.schedule import decay_steps
-from report.points import Point, point
+from records.points import Point, point
 
 
 def _parent(sweep: Sweep, g: CellGroup) -> CellGroup:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launch.sweep.slurm import Job, render
 from launch.sweep.spec import ROOT, Cell, Sweep
-from report.records import read_run
+from records.read import read_run
 
 
 def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:

@@ -15,7 +15,7 @@ A diverged run (non-finite final loss) counts as the worst. Ties go to the lower
 
 The plan is written to `runs_dir/sweep_plan.json` (search seed, seeds, points tried, best point per
 group), which the report reads to keep LR selection and scoring on different seeds; its format, the
-points, the run names and the best-point rule are report/points.py's.
+points, the run names and the best-point rule are records/points.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from launch.sweep.spec import Cell, CellGroup, Sweep
-from report.points import GroupPlan, Point, SweepPlan, best, edge, point
+from records.points import GroupPlan, Point, SweepPlan, best, edge, point
 
 State = Callable[[Cell], tuple[bool, float | None]]  # (finished, final val loss)
 
@@ -39,7 +39,7 @@ class Plan:
     groups: dict[str, GroupPlan] = field(default_factory=dict)
 
     def file(self, sweep: Sweep) -> SweepPlan:
-        """What sweep_plan.json records (report/points.py reads it back)."""
+        """What sweep_plan.json records (records/points.py reads it back)."""
         settings = None if sweep.search is None else dataclasses.asdict(sweep.search)  # lr_search as resolved
         return SweepPlan(self.groups, sweep.seeds, settings, str(sweep.path))
 

@@ -34,7 +34,7 @@ second dimension: after the LR search above, which runs with adamw_lr = lr (the 
 a line over adamw_lr = ratio x the best LR at that LR, then a line over the LR at the best adamw_lr,
 `rounds` times (each line edge-extended like the first); `shared: true` also runs `seeds` at the
 shared protocol's best LR. Cells with their own adamw_lr live in `lr<lr>-alr<adamw_lr>-seed<seed>`
-(report/points.py: points, run names and the plan file, shared with the report).
+(records/points.py: points, run names and the plan file, shared with the report).
 Every problem raises SpecError with one line naming the key.
 """
 
@@ -53,7 +53,7 @@ from launch.sweep.search_spec import LrSearch, parse_search
 from launch.sweep.spec_values import SpecError as SpecError  # raised here; callers catch it from spec
 from launch.sweep.spec_values import fail as _fail
 from launch.sweep.spec_values import lrs as _lrs
-from report.points import Point, adamw_override, point, run_name
+from records.points import Point, adamw_override, point, run_name
 
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "optim.adamw_lr", "train.seed")  # owned by the grid

@@ -11,7 +11,7 @@ import yaml
 
 from launch.sweep.plan import plan, write_plan
 from launch.sweep.spec import SpecError, load_sweep
-from report.points import PLAN_FILE
+from records.points import PLAN_FILE
 
 
 def _sweep(tmp_path, **changes):

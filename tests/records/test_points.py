@@ -1,4 +1,4 @@
-"""What the sweep writes and the report reads back (report/points.py): points, run names, the best
+"""What the sweep writes and the report reads back (records/points.py): points, run names, the best
 point and grid-edge rule, the plan file; and a run's shape read from its own records."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import yaml
 
-from report.points import GroupPlan, SweepPlan, best, edge, parse_run_name, point, run_name
-from report.records import read_run
+from records.points import GroupPlan, SweepPlan, best, edge, parse_run_name, point, run_name
+from records.read import read_run
 from report.runs import PAPER_SETUP, _model, _shape, build_rows
 from tests.helpers import ROOT
 

@@ -291,7 +291,7 @@ def _from_json(path: Path) -> dict[str, dict] | None:
     return out or None
 
 
-def downstream(run: RunRecord) -> dict[str, dict[str, Any]]:
+def read_downstream(run: RunRecord) -> dict[str, dict[str, Any]]:
     """task -> {acc, acc_norm, acc_per_token, n, chance, [acc_ci, ...], primary_metric?, source} at
     the end of training: `downstream.json`, else `downstream/step_<max_steps>.json` (the offline
     evaluation of the final checkpoint), else the last `eval/<task>/*` record at max_steps."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from report.records import finite
+from records.read import finite
 
 PLAN_FILE = "sweep_plan.json"
 Point = tuple[float, float]  # (optim.lr, optim.adamw_lr or, unset, optim.lr)
