@@ -44,6 +44,15 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _at_least(section: str, obj: Any, **minima: float | tuple[float, str]) -> None:
+    """`<section>.<key> must be >= <minimum> (<note>), got <value>` for the first key below its minimum;
+    a minimum given as (minimum, note) says in the note what that value means."""
+    for key, spec in minima.items():
+        low, note = spec if isinstance(spec, tuple) else (spec, "")
+        value = getattr(obj, key)
+        _require(value >= low, f"{section}.{key} must be >= {low}{f' ({note})' if note else ''}, got {value}")
+
+
 @dataclass
 class RunConfig:
     dir: str = "runs/tiny"
@@ -59,9 +68,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.resume), "run.resume must be auto, none, restart or a checkpoint path")
-        _require(
-            self.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0: keep all), got {self.keep_checkpoints}"
-        )
+        _at_least("run", self, keep_checkpoints=(0, "0: keep all"))
 
 
 @dataclass
@@ -80,9 +87,7 @@ class ProfileConfig:
     with_stack: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("skip_first", "wait", "warmup", "repeat"):
-            _require(getattr(self, key) >= 0, f"train.profile.{key} must be >= 0, got {getattr(self, key)}")
-        _require(self.active >= 1, f"train.profile.active must be >= 1 (steps in each trace), got {self.active}")
+        _at_least("train.profile", self, skip_first=0, wait=0, warmup=0, repeat=0, active=(1, "steps in each trace"))
 
 
 @dataclass
@@ -96,9 +101,7 @@ class MemorySnapshotConfig:
     max_entries: int = 100_000  # allocation events kept (the newest)
 
     def __post_init__(self) -> None:
-        _require(self.skip_first >= 0, f"train.memory_snapshot.skip_first must be >= 0, got {self.skip_first}")
-        _require(self.steps >= 0, f"train.memory_snapshot.steps must be >= 0 (0: to the end), got {self.steps}")
-        _require(self.max_entries >= 1, f"train.memory_snapshot.max_entries must be >= 1, got {self.max_entries}")
+        _at_least("train.memory_snapshot", self, skip_first=0, steps=(0, "0: to the end"), max_entries=1)
 
 
 @dataclass
@@ -131,14 +134,9 @@ class TrainConfig:
     memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
 
     def __post_init__(self) -> None:
-        _require(self.max_steps >= 1, f"train.max_steps must be >= 1, got {self.max_steps}")
-        _require(self.tokens_per_step >= 1, f"train.tokens_per_step must be >= 1, got {self.tokens_per_step}")
-        _require(self.spike_window >= 2, f"train.spike_window must be >= 2, got {self.spike_window}")
+        _at_least("train", self, max_steps=1, tokens_per_step=1, spike_window=2)
         _require(self.spike_sigma > 0, f"train.spike_sigma must be > 0, got {self.spike_sigma}")
-        _require(self.micro_batch_size >= 1, f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        _require(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
-        _require(self.eval_every >= 0, f"train.eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
-        _require(self.ckpt_every >= 0, f"train.ckpt_every must be >= 0, got {self.ckpt_every}")
+        _at_least("train", self, micro_batch_size=1, log_every=1, eval_every=(0, "0: only at the end"), ckpt_every=0)
         _require(
             all(isinstance(s, int) and s >= 1 for s in self.ckpt_at),
             f"train.ckpt_at must be a list of steps >= 1, got {self.ckpt_at}",
@@ -149,7 +147,7 @@ class TrainConfig:
             self.on_save_error in ON_SAVE_ERROR,
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
         )
-        _require(self.stall_dump_s >= 0, f"train.stall_dump_s must be >= 0 (0: off), got {self.stall_dump_s}")
+        _at_least("train", self, stall_dump_s=(0, "0: off"))
 
 
 @dataclass
@@ -213,7 +211,7 @@ class ParallelConfig:
     def _check_mesh(self, world: int) -> None:
         """dp_replicate × dp_shard = the launched world size (dp_shard -1 resolved to the rest)."""
         r = self.dp_replicate
-        _require(r >= 1, f"parallel.dp_replicate must be >= 1 (1: no replication), got {r}")
+        _at_least("parallel", self, dp_replicate=(1, "1: no replication"))
         _require(
             self.dp_shard == -1 or self.dp_shard >= 1,
             f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
@@ -240,7 +238,7 @@ class ParallelConfig:
             "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
             f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
         )
-        _require(self.muon_bucket_numel >= 1, f"parallel.muon_bucket_numel must be >= 1, got {self.muon_bucket_numel}")
+        _at_least("parallel", self, muon_bucket_numel=1)
 
 
 @dataclass
@@ -381,7 +379,3 @@ def validate(cfg: Config) -> None:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-def dump_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
