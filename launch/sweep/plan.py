@@ -96,6 +96,9 @@ def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
     def loss(p: Point) -> tuple[bool, float | None]:
         return state(g.cell(p, seed))
 
+    def around(v: float) -> list[float]:
+        return [_round(v / factor), v, _round(v * factor)]
+
     gp = GroupPlan(sorted(g.lrs))
     shared = _line(g.lrs, lambda lr: loss(point(lr)), factor, extra)
     gp.lrs, gp.points = shared.values, [point(lr) for lr in shared.values]
@@ -112,23 +115,14 @@ def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:
     for round_ in range(search.rounds if search.adamw_ratios else 0):
         start = (lr, adamw)
         # The first line spans the ratios given (ratio 1 is the shared point); later ones step around.
-        values = (
-            [lr, *(_round(lr * r) for r in search.adamw_ratios)]
-            if round_ == 0
-            else [_round(adamw / factor), adamw, _round(adamw * factor)]
-        )
+        values = [lr, *(_round(lr * r) for r in search.adamw_ratios)] if round_ == 0 else around(adamw)
         line = _line(values, partial(lambda lr_, a: loss(point(lr_, a)), lr), factor, extra)
         gp.points += [point(lr, a) for a in line.values]
         if line.best is None:
             plan.waiting.append(waiting)
             return gp
         adamw, edges["adamw_lr"] = line.best, line.edge
-        line = _line(
-            [_round(lr / factor), lr, _round(lr * factor)],
-            partial(lambda a, x: loss(point(x, a)), adamw),
-            factor,
-            extra,
-        )
+        line = _line(around(lr), partial(lambda a, x: loss(point(x, a)), adamw), factor, extra)
         gp.points += [point(x, adamw) for x in line.values]
         if line.best is None:
             plan.waiting.append(waiting)

@@ -57,18 +57,7 @@ from records.points import Point, adamw_override, point, run_name
 
 SECTIONS = ("run", "model", "data", "optim", "train", "parallel")
 AXIS_KEYS = ("run.dir", "optim.name", "optim.lr", "optim.adamw_lr", "train.seed")  # owned by the grid
-TOP_KEYS = (
-    "base",
-    "runs_dir",
-    "overrides",
-    "scales",
-    "optimizers",
-    "lrs",
-    "seeds",
-    "slurm",
-    "description",
-    "lr_search",
-)
+TOP_KEYS = tuple("base runs_dir overrides scales optimizers lrs seeds slurm description lr_search".split())
 SLURM_KEYS = ("gpus_per_node", "nodes", "cpus_per_task", "time", "partition", "account", "extra")
 
 
@@ -93,9 +82,7 @@ class Cell:
             key, _, raw = item.partition("=")
             if key == dotted:
                 return load_yaml(raw)
-        return dotted_get(
-            _read_yaml(ROOT / self.base if not Path(self.base).is_absolute() else Path(self.base)), dotted, default
-        )
+        return dotted_get(_read_yaml(ROOT / self.base), dotted, default)  # an absolute base stays as it is
 
 
 @dataclass
@@ -208,16 +195,8 @@ def _scales(raw: Any, base: str) -> list[dict]:
     for i, item in enumerate(raw):
         where = f"scales[{i}]"
         if isinstance(item, (str, int, float)) and not isinstance(item, bool):
-            out.append(
-                {
-                    "label": _label(item, where),
-                    "base": base,
-                    "lrs": None,
-                    "lr_from": None,
-                    "branch_of": None,
-                    "overrides": [f"model.preset={item}"],
-                }
-            )
+            preset = {"label": _label(item, where), "base": base, "overrides": [f"model.preset={item}"]}
+            out.append({**preset, "lrs": None, "lr_from": None, "branch_of": None})
             continue
         if not isinstance(item, dict) or "label" not in item:
             _fail(f"{where} must be a preset name or a mapping with a 'label', got {item!r}")
@@ -305,11 +284,7 @@ def load_sweep(path: str | Path) -> Sweep:
     common = _overrides(doc.get("overrides"), "overrides")
     default_lrs = _lrs(doc["lrs"], "lrs") if doc.get("lrs") is not None else None
     seeds = doc.get("seeds", [42])
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         _fail(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
     slurm = doc.get("slurm") or {}
     if not isinstance(slurm, dict):
