@@ -79,15 +79,8 @@ def _comm_failure(err: RuntimeError, cfg: Config, run: Run | None, step: int = 0
 
 
 def _loop(run: Run, watch: StallWatch) -> dict:
-    cfg, engine, loader, state, meter, env, t = (
-        run.cfg,
-        run.engine,
-        run.loader,
-        run.state,
-        run.meter,
-        run.env,
-        run.cfg.train,
-    )
+    cfg, engine, loader, state, meter, env = run.cfg, run.engine, run.loader, run.state, run.meter, run.env
+    t = cfg.train
     set_comm_timeout(cfg.parallel.comm_timeout_s)  # start-up is over: from here a silent peer ends the run
     stop = StopFlag(env)
     progress = Progress(t.max_steps, state.step, enabled=env.is_main, bar=t.progress)
@@ -133,14 +126,8 @@ def _loop(run: Run, watch: StallWatch) -> dict:
         if (t.eval_every and state.step % t.eval_every == 0) or state.step == t.max_steps:
             with meter.paused():  # evaluation time is not training throughput
                 last_val = (validation_loss(engine, run.val, cfg.data.val_batch_size, env), state.step)
-                run.run_dir.write(
-                    {
-                        "step": state.step,
-                        "tokens": state.tokens,
-                        "val_loss": last_val[0],
-                        "val_tokens": run.val[:, 1:].numel(),
-                    }
-                )
+                measured = {"val_loss": last_val[0], "val_tokens": run.val[:, 1:].numel()}
+                run.run_dir.write({"step": state.step, "tokens": state.tokens, **measured})
                 log.info("step %d: val_loss %.4f", state.step, last_val[0])
                 if cfg.eval.tasks:  # downstream tasks at the same steps, on the windows the model trained on
                     compiled = cfg.parallel.compile != "none"  # a few padded shapes, not a graph per length
@@ -165,13 +152,8 @@ def _loop(run: Run, watch: StallWatch) -> dict:
     if loader.failure is not None and state.step < t.max_steps:
         raise loader.failure  # after the save: its one line names the file, row group and last status
     val = f"{last_val[0]:.4f} (step {last_val[1]})" if last_val[1] is not None else "not evaluated in this launch"
-    log.info(
-        "%s at step %d: last train loss %.4f, last val loss %s",
-        "stopped by a signal" if stop.raised else "done",
-        state.step,
-        last_loss,
-        val,
-    )
+    how = "stopped by a signal" if stop.raised else "done"
+    log.info("%s at step %d: last train loss %.4f, last val loss %s", how, state.step, last_loss, val)
     return {"step": state.step, "last_train_loss": last_loss, "val_loss": last_val[0]}
 
 

@@ -37,35 +37,15 @@ from records.read import read_metrics
 log = logging.getLogger("orscale")
 
 # A change here makes the checkpoint meaningless for this run: refuse.
-MUST_MATCH = (
-    "model",
-    "tokenizer",
-    "config.optim.name",
-    "config.data.source",
-    "config.data.subset",
-    "config.data.data_files",
-    "config.data.text_field",
-    "config.data.seq_len",
-    "config.data.val_tokens",
-    "config.data.logical_shards",
-    "config.data.piece_bytes",
-    "config.data.shuffle",
-    "config.data.shuffle_buffer",
-    "config.data.seed",
-)
+_DATA = "source subset data_files text_field seq_len val_tokens logical_shards piece_bytes shuffle shuffle_buffer seed"
+MUST_MATCH = ("model", "tokenizer", "config.optim.name", *(f"config.data.{k}" for k in _DATA.split()))
 # Changing these is routine (log more often, read ahead further): still the same run, and no warning.
 QUIET = (
     "config.run.",
-    "config.train.log_every",
-    "config.train.eval_every",
-    "config.train.ckpt_every",
-    "config.train.ckpt_at",
-    "config.train.progress",
+    *(f"config.train.{k}" for k in ("log_every", "eval_every", "ckpt_every", "ckpt_at", "progress")),
     "config.train.profile.",  # traces and snapshots observe the run; they change nothing in it
     "config.train.memory_snapshot.",
-    "config.data.encode_batch_docs",
-    "config.data.val_batch_size",
-    "config.data.prefetch_steps",
+    *(f"config.data.{k}" for k in ("encode_batch_docs", "val_batch_size", "prefetch_steps")),
     "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
     "config.parallel.compile",
     "config.parallel.reshard_after_forward",

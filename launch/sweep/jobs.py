@@ -17,19 +17,10 @@ from records.read import read_run
 
 def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:
     """The exact command of a cell, run from the project root."""
+    args = ["train.py", "--config", cell.base, *cell.overrides]
     if nproc > 1 or cell.value("parallel.backend", "none") != "none":
-        return [
-            python,
-            "-m",
-            "launch.launcher",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "train.py",
-            "--config",
-            cell.base,
-            *cell.overrides,
-        ]
-    return [python, "train.py", "--config", cell.base, *cell.overrides]
+        return [python, "-m", "launch.launcher", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return [python, *args]
 
 
 def in_process(cell: Cell, nproc: int) -> bool:
@@ -48,7 +39,6 @@ def cell_state(cell: Cell) -> tuple[bool, float | None]:
 def run_local(cell: Cell, nproc: int) -> int:
     """Run (or resume: train.py's run.resume=auto continues it, drops a torn metrics line, and starts
     a cell killed before its first checkpoint over) one cell; its exit status."""
-    extra: list[str] = []
     argv = train_argv(cell, nproc)
     if in_process(cell, nproc):
         from launch.loop import main as train_main  # imported once, reused for every cell
@@ -57,7 +47,7 @@ def run_local(cell: Cell, nproc: int) -> int:
         # `sys.argv` has it), which re-runs it from the project root; the sweep's argv would not.
         sweep_argv, sys.argv = sys.argv, argv[1:]
         try:
-            return int(train_main(["--config", str(ROOT / cell.base), *cell.overrides, *extra]))
+            return int(train_main(["--config", str(ROOT / cell.base), *cell.overrides]))
         except SystemExit as err:  # argparse inside train.main
             return err.code if isinstance(err.code, int) else 1
         except Exception as err:  # a crashing cell must not stop the sweep
@@ -66,7 +56,7 @@ def run_local(cell: Cell, nproc: int) -> int:
         finally:
             sys.argv = sweep_argv
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([*argv, *extra], cwd=ROOT, env=env).returncode
+    return subprocess.run(argv, cwd=ROOT, env=env).returncode
 
 
 def start_cell(cell: Cell, nproc: int, threads: int) -> subprocess.Popen:
