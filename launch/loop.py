@@ -101,8 +101,8 @@ def _loop(run: Run, watch: StallWatch) -> dict:
             meter.add_micro_batch(engine.forward_backward(batch, last_micro_batch=micro == run.accum_steps - 1))
         grad_norm = engine.step(lr)
         state.step += 1
-        state.tokens += run.tokens_per_step
-        meter.end_step(state.step, grad_norm, run.tokens_per_step, loader.take_wait_s())
+        state.tokens += t.tokens_per_step
+        meter.end_step(state.step, grad_norm, t.tokens_per_step, loader.take_wait_s())
         run.tracing.step(state.step)  # train.profile / train.memory_snapshot windows; nothing when off
 
         # Step 1 of a fresh run, not the first of a resumed one: a resume writes the records the

@@ -82,7 +82,7 @@ def ds_config(
     """The DeepSpeed config dict for this run (nothing is read from a JSON file). fp32 parameters,
     gradients and reductions; compute in `dtype` under autocast, as the other engines compute.
     `micro`: sequences per micro-batch per rank (train.micro_batch_size)."""
-    config: dict[str, Any] = {
+    return {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum_steps,
         "train_batch_size": micro * accum_steps * world_size,
@@ -98,17 +98,12 @@ def ds_config(
         "fp16": {"enabled": False},
         # DeepSpeed's forward opens this autocast itself (an outer one alone it would switch off).
         # No module is "lower-precision safe": DeepSpeed would reduce their gradients in `dtype`.
-        "torch_autocast": {
-            "enabled": dtype != torch.float32,
-            "dtype": str(dtype),
-            "lower_precision_safe_modules": [],
-        },
+        "torch_autocast": {"enabled": dtype != torch.float32, "dtype": str(dtype), "lower_precision_safe_modules": []},
         "communication_data_type": "fp32",
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
-    return config
 
 
 def check_zero_checkpoint(path: Path) -> dict[str, Any]:

@@ -89,15 +89,10 @@ def load_native(found: Path, meta: dict[str, Any], device: torch.device, dtype: 
     def autocast() -> AbstractContextManager:
         return contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
 
-    info = {
-        "source": "checkpoint",
-        "path": str(found.resolve()),
-        "step": meta.get("step"),
-        "tokens": meta.get("tokens"),
-        "git_commit": meta.get("git_commit"),
-        "model": asdict(cfg),
-        "tokenizer": {"path": tokenizer_path, **tokenizer.describe(), "fingerprint": tokenizer.fingerprint()},
-    }
+    info: dict[str, Any] = {"source": "checkpoint", "path": str(found.resolve())}
+    info |= {k: meta.get(k) for k in ("step", "tokens", "git_commit")}
+    info["model"] = asdict(cfg)
+    info["tokenizer"] = {"path": tokenizer_path, **tokenizer.describe(), "fingerprint": tokenizer.fingerprint()}
     return LoadedModel(
         native_logprobs(model, autocast), tokenizer.encode_batch, _max_len(max_len, seq_len, cfg.max_seq_len), info
     )
@@ -123,15 +118,10 @@ def load_hf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int |
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-    info = {
-        "source": "hf",
-        "path": str(path.resolve()),
-        "step": None,
-        "tokens": None,
-        "git_commit": None,
-        "model": {"class": type(model).__name__, **{k: getattr(model.config, k, None) for k in ("vocab_size",)}},
-        "tokenizer": {"path": str(path.resolve()), "class": type(tokenizer).__name__},
-    }
+    where = str(path.resolve())
+    info: dict[str, Any] = {"source": "hf", "path": where, **dict.fromkeys(("step", "tokens", "git_commit"))}
+    info["model"] = {"class": type(model).__name__, "vocab_size": getattr(model.config, "vocab_size", None)}
+    info["tokenizer"] = {"path": where, "class": type(tokenizer).__name__}
     return LoadedModel(hf_logprobs(model), encode, _max_len(max_len, context, context), info)
 
 
@@ -257,15 +247,7 @@ def evaluate_checkpoint(
     elapsed = time.perf_counter() - start
 
     data = {
-        "settings": {
-            "tasks": cfg.tasks,
-            "shots": cfg.shots,
-            "max_examples": cfg.max_examples,
-            "batch_size": cfg.batch_size,
-            "max_len": model.max_len,
-            "device": str(device),
-            "dtype": args.dtype,
-        },
+        "settings": {**asdict(cfg), "max_len": model.max_len, "device": str(device), "dtype": args.dtype},
         "model": model.info,
         "evaluator": {"git_commit": git_commit(), "seconds": round(elapsed, 2), "argv": sys.argv},
         "tasks": {

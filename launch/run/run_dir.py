@@ -151,17 +151,13 @@ class RunDir:
             self._mirrors.write(record)
 
     def close(self) -> None:
-        if self._mirrors is not None:
-            self._mirrors.close()
-            self._mirrors = None
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
-        handler = self._file_handler
-        if handler is not None:
-            logging.getLogger("orscale").removeHandler(handler)
-            handler.close()
-            self._file_handler = None
+        for part in (self._mirrors, self._metrics):
+            if part is not None:
+                part.close()
+        if self._file_handler is not None:
+            logging.getLogger("orscale").removeHandler(self._file_handler)
+            self._file_handler.close()
+        self._mirrors, self._metrics, self._file_handler = None, None, None
 
 
 class WindowAudit:

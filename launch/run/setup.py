@@ -68,9 +68,7 @@ class Run:
     audit: WindowAudit
     meta: dict[str, Any]  # what every checkpoint records: config, commit, model, tokenizer
     accum_steps: int
-    tokens_per_step: int
     start_step: int
-    resumed_from: Path | None
     tracing: StepTracing  # train.profile and train.memory_snapshot (launch/run/profiling.py)
 
     def check_finite(self) -> None:
@@ -148,11 +146,8 @@ def _fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> None:
     share = train.tokens_per_step // seq_len // world_size
     if train.micro_batch_size > share >= 1:
         log.info(
-            "train.micro_batch_size %d is more than a rank's share of a step (%d sequences on %d ranks): using %d",
-            train.micro_batch_size,
-            share,
-            world_size,
-            share,
+            f"train.micro_batch_size {train.micro_batch_size} is more than a rank's share of a step "
+            f"({share} sequences on {world_size} ranks): using {share}"
         )
         train.micro_batch_size = share
 
@@ -249,13 +244,9 @@ def setup_run(cfg: Config) -> Run:
             raise RunComplete(read_meta(resume_from)["step"], resume_from)
 
         # ---- engine (model, parallelism, optimizers), checkpoint parts, restore
+        windows = cfg.train.tokens_per_step // cfg.data.seq_len
         loader = PackedLoader(
-            cfg.data,
-            docs,
-            first=val_end,
-            windows_per_step=cfg.train.tokens_per_step // cfg.data.seq_len,
-            rank=env.rank,
-            world_size=env.world_size,
+            cfg.data, docs, first=val_end, windows_per_step=windows, rank=env.rank, world_size=env.world_size
         )
         dtype = compute_dtype(cfg.train.dtype, env.device)
         engine = engine_type(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps)
@@ -301,14 +292,10 @@ def setup_run(cfg: Config) -> Run:
             "resumed_from": str(resume_from) if resume_from else None,
         },
     )
+    start = f"resuming at step {state.step}" if state.step else "fresh start"
+    shape = (env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len)
     log.info(
-        "model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s",
-        params / 1e6,
-        env.world_size,
-        accum_steps,
-        cfg.train.micro_batch_size,
-        cfg.data.seq_len,
-        f"resuming at step {state.step}" if state.step else "fresh start",
+        "model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s", params / 1e6, *shape, start
     )
     audit = (
         WindowAudit.resume(run_dir.path, env.rank, env.world_size, state.step)
@@ -331,8 +318,6 @@ def setup_run(cfg: Config) -> Run:
         audit,
         meta,
         accum_steps,
-        tokens_per_step=cfg.train.tokens_per_step,
         start_step=state.step,
-        resumed_from=resume_from,
         tracing=StepTracing(cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step),
     )
