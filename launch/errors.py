@@ -19,15 +19,7 @@ class ConfigError(UserError):
     """A user error in the configuration: the message is one line naming key and fix."""
 
 
-# The launcher's own errors and those of the sections' owners.
-USER_ERRORS: tuple[type[ValueError], ...] = (
-    UserError,
-    DataError,
-    ModelConfigError,
-    OptimConfigError,
-    ExportError,
-    EvalConfigError,
-    EvalDataError,
-)
 # Raised by a section's own checks: while a config is being loaded they are config errors.
 SECTION_ERRORS: tuple[type[ValueError], ...] = (DataError, ModelConfigError, OptimConfigError, EvalConfigError)
+# The launcher's own errors and those of the sections' owners.
+USER_ERRORS: tuple[type[ValueError], ...] = (UserError, *SECTION_ERRORS, ExportError, EvalDataError)

@@ -61,12 +61,6 @@ class ModelAndOptimizers:
         """Whole weights and optimizer state by parameter name (another backend's checkpoint, read
         by launch.checkpoint.portable), sharded as this module's parameters are. Collective."""
         _, current = get_state_dict(self.module, self.optimizers)  # the param groups, by name
-        options = StateDictOptions(full_state_dict=True)
         optim: dict[str, Any] = {"state": state, "param_groups": current["param_groups"]}
-        set_state_dict(
-            self.module,
-            self.optimizers,
-            model_state_dict=weights,
-            optim_state_dict=optim,
-            options=options,
-        )
+        options = StateDictOptions(full_state_dict=True)
+        set_state_dict(self.module, self.optimizers, model_state_dict=weights, optim_state_dict=optim, options=options)

@@ -46,13 +46,12 @@ def _package_versions() -> dict[str, str | None]:
 
 
 def environment() -> dict[str, Any]:
-    versions = dict(_package_versions())
-    env = {
+    return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "argv": sys.argv,
-        "packages": versions,
+        "packages": dict(_package_versions()),
         "cuda": torch.version.cuda,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpu_threads": torch.get_num_threads(),
@@ -61,7 +60,6 @@ def environment() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
-    return env
 
 
 @functools.cache
