@@ -12,14 +12,13 @@ Two kinds of part:
 
 Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, `manifest.json`
 (every file's size and checksum) and `meta.json` (step, tokens, world size, resolved config, git
-commit; written last). Everything is written under
-`.tmp_step_N/` and renamed when complete, so a crash mid-save never leaves a broken checkpoint;
-`latest` names the newest complete one. A background save (`run.async_save`) only stages the parts
-at its step and lets a thread write and then publish them by the same steps
-(`launch.checkpoint.async_writer`): what is visible is complete, whichever way it was written.
-Nothing read from a checkpoint can run code: per-rank files
-load with `torch.load(weights_only=True)`, DCP through `launch.checkpoint.dcp_safe` (an allow-listed unpickler
-for its metadata), ZeRO's state through safetensors.
+commit; written last). Everything is written under `.tmp_step_N/` and renamed when complete, so a
+crash mid-save never leaves a broken checkpoint; `latest` names the newest complete one. A
+background save (`run.async_save`) only stages the parts at its step and lets a thread write and
+then publish them by the same steps (`launch.checkpoint.async_writer`): what is visible is complete,
+whichever way it was written. Nothing read from a checkpoint can run code: per-rank files load with
+`torch.load(weights_only=True)`, DCP through `launch.checkpoint.dcp_safe` (an allow-listed
+unpickler for its metadata), ZeRO's state through safetensors.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -217,10 +216,8 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, desc="downstream", unit="batch", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
 
 
-def evaluate_checkpoint(
-    args: argparse.Namespace, out_stream: Callable[[str], None] = print
-) -> tuple[dict[str, Any], Path]:
-    """Everything main does, raising user errors; returns the JSON written and its path."""
+def evaluate_checkpoint(args: argparse.Namespace) -> Path:
+    """Everything main does, raising user errors; returns the JSON file written."""
     unknown = [t for t in args.tasks if t not in TASK_NAMES]
     if unknown:
         raise UserError(f"--tasks: unknown task {unknown[0]!r}; valid: {', '.join(TASK_NAMES)}")
@@ -258,14 +255,14 @@ def evaluate_checkpoint(
         "examples": {name: _examples(r) for name, r in results.items()},
     }
     written = write_new_json(out, data, args.overwrite)
-    out_stream(format_table([summaries[name] for name in cfg.tasks]))
-    return data, written
+    print(format_table([summaries[name] for name in cfg.tasks]))
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        _, out = evaluate_checkpoint(args)
+        out = evaluate_checkpoint(args)
     except USER_ERRORS as err:
         print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2

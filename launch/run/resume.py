@@ -9,10 +9,9 @@ starts over on top of them. `restart` starts from step 0 and moves every checkpo
 path resumes from that checkpoint. `run.init_from` (a checkpoint, usually of another run directory)
 is where `auto` starts while `run.dir` holds no checkpoint of its own: a cooldown branch resumes from
 its own checkpoints once it has one, and never writes to the one it started from. A run directory
-that holds metrics but no checkpoint directory
-at all is restarted from step 0 only when it holds the same run (a requeue after a preemption
-before the first save); another run there is refused unless `run.overwrite=true`. Old metrics are
-always kept under a new name.
+that holds metrics but no checkpoint directory at all is restarted from step 0 only when it holds
+the same run (a requeue after a preemption before the first save); another run there is refused
+unless `run.overwrite=true`. Old metrics are always kept under a new name.
 """
 
 from __future__ import annotations

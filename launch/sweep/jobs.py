@@ -15,12 +15,12 @@ from launch.sweep.spec import ROOT, Cell, Sweep
 from records.read import read_run
 
 
-def train_argv(cell: Cell, nproc: int, python: str = sys.executable) -> list[str]:
+def train_argv(cell: Cell, nproc: int) -> list[str]:
     """The exact command of a cell, run from the project root."""
     args = ["train.py", "--config", cell.base, *cell.overrides]
-    if nproc > 1 or cell.value("parallel.backend", "none") != "none":
-        return [python, "-m", "launch.launcher", "--standalone", f"--nproc_per_node={nproc}", *args]
-    return [python, *args]
+    if not in_process(cell, nproc):
+        return [sys.executable, "-m", "launch.launcher", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return [sys.executable, *args]
 
 
 def in_process(cell: Cell, nproc: int) -> bool:

@@ -20,21 +20,10 @@ A cell's learning rates: the scale's `lrs` for that optimizer (a scale's `lrs` m
 mapping optimizer -> list), else the optimizer's own list, else the scale's plain list, else the
 default grid.
 
-Without `lr_search` every LR runs with every seed. With it, each (scale, optimizer) first runs its
-grid with `lr_search.seed` only; when the best final validation loss lies at an edge of the grid,
-one more LR beyond that edge is added (`factor` times the edge LR, default the grid's own ratio), up
-to `max_extra` times per edge; then `seeds` run at the best LR (`launch/sweep/plan.py`). A scale with
-`lr_from: <label>` runs no search: its cells are `seeds` at the best LR found for the same optimizer
-at scale <label> (another token budget of a searched scale, say). An optimizer with
-`lr_from: <optimizer label>` runs no search either: `seeds` at that optimizer's best LRs at the same
-scale (the paper's claim that OrScale-LM inherits Moonlight's LRs, tested as such).
-
-`lr_search.adamw_lr` tunes the AdamW group's LR (`optim.adamw_lr`: embedding, head, norm gains) as a
-second dimension: after the LR search above, which runs with adamw_lr = lr (the *shared* protocol),
-a line over adamw_lr = ratio x the best LR at that LR, then a line over the LR at the best adamw_lr,
-`rounds` times (each line edge-extended like the first); `shared: true` also runs `seeds` at the
-shared protocol's best LR. Cells with their own adamw_lr live in `lr<lr>-alr<adamw_lr>-seed<seed>`
-(records/points.py: points, run names and the plan file, shared with the report).
+Without `lr_search` every LR runs with every seed. With it, and with `lr_from` (a scale's: another
+scale's best LR; an optimizer's: another optimizer's at this scale), `launch/sweep/plan.py` decides
+which cells run (docs/sweeps.md); `records/points.py` names the cells, with their own adamw_lr
+`lr<lr>-alr<adamw_lr>-seed<seed>`.
 Every problem raises SpecError with one line naming the key.
 """
 
