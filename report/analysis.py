@@ -57,7 +57,6 @@ class Report:
     comparisons: dict[tuple[str, str, str], Comparison | None] = field(default_factory=dict)
     series: list[Row] = field(default_factory=list)  # the largest scaling series, by N
     ordered: list[Row] = field(default_factory=list)  # the series first, then the other budgets
-    fits: dict[tuple[str, str], tuple[list[Row], PowerFit | None]] = field(default_factory=dict)  # L(N) per family
     winners: dict[str, tuple[str, str, float, Comparison | None]] = field(default_factory=dict)
     speedup: list[dict[str, Any]] = field(default_factory=list)
     transfer: dict[str, Any] = field(default_factory=dict)
@@ -90,11 +89,6 @@ def main_series(rows: list[Row]) -> dict[str, list[Row]]:
     return out
 
 
-def _fit_points(rows: list[Row], name: str) -> tuple[list[Row], list[float], list[Group]]:
-    used = [r for r in rows if r.n_params and usable(r.groups.get(name))]
-    return used, [float(r.n_params or 0) for r in used], [r.groups[name] for r in used]
-
-
 def analyse(
     root: Path, runs: list[RunRecord], rows: list[Row], plan: SweepPlan | None, pending: list[Pending]
 ) -> Report:
@@ -117,11 +111,6 @@ def analyse(
     rep.ordered = rep.series + sorted(
         (r for r in rows if r not in rep.series), key=lambda r: (r.n_params or 0, r.tokens)
     )
-    for fam, fam_rows in series.items():
-        for name in dict.fromkeys(n for r in fam_rows for n in r.groups):
-            used, n, groups = _fit_points(fam_rows, name)
-            if used:
-                rep.fits[(fam, name)] = (used, fit_power_law(n, [g.score.mean for g in groups]))
     for row in rep.ordered:
         good = {n: g for n, g in row.groups.items() if usable(g)}
         if len(good) >= 2:
@@ -130,7 +119,7 @@ def analyse(
             rep.winners[row.name] = (first, second, a.mean - b.mean, compare(a.losses, b.losses))
     rep.speedup = _speedup(rows, rep.series)
     rep.transfer = _lr_transfer(rep.series)
-    rep.scaling = _scaling(rep, family)
+    rep.scaling = _scaling(rep)
     rep.protocols = _protocols(rows)
     rep.downstream = _downstream(rows)
     rep.throughput = _throughput(rows)
@@ -150,12 +139,8 @@ def _speedup(rows: list[Row], series: list[Row]) -> list[dict[str, Any]]:
             continue
         adam = [(r.tokens, r.groups["adamw"]) for r in rs if usable(r.groups.get("adamw"))]
         main = next((r.short for r in rs if r in series), rs[0].short)
-        entry: dict[str, Any] = {
-            "label": label,
-            "scale": f"{main} (budgets: {', '.join(r.short for r in rs)})",
-            "budgets": [d for d, _ in adam],
-            "rows": [],
-        }
+        scale = f"{main} (budgets: {', '.join(r.short for r in rs)})"
+        entry: dict[str, Any] = {"label": label, "scale": scale, "budgets": [d for d, _ in adam], "rows": []}
         out.append(entry)
         curve = adamw_curve([float(d) for d, _ in adam], [list(g.score.losses.values()) for _, g in adam])
         if isinstance(curve, str):
@@ -164,10 +149,7 @@ def _speedup(rows: list[Row], series: list[Row]) -> list[dict[str, Any]]:
         E, _, beta = curve.draws
         entry.update(fit=curve.fit, E_ci=percentile_ci(E), alpha_ci=percentile_ci(beta), draws=curve.draws)
         for k, r in enumerate(rs):
-            for name in order(r.groups):
-                g = r.groups[name]
-                if name == "adamw" or not usable(g):
-                    continue
+            for name, g in ((n, r.groups[n]) for n in order(r.groups) if n != "adamw" and usable(r.groups[n])):
                 gain = curve.speedup(list(g.score.losses.values()), r.tokens, seed=1 + k)
                 entry["rows"].append(dict(optim=name, tokens=r.tokens, **gain, edge=g.edge))
     return out
@@ -200,7 +182,6 @@ def adamw_curve(D: list[float], losses: list[list[float]]) -> AdamwCurve | str:
     """AdamW's L(D) from each budget's per-seed losses (budgets `D` in tokens, increasing), or why
     there is none (one line)."""
     means = [float(np.mean(v)) for v in losses]
-    fit = fit_power_law(D, means) if len(D) >= 3 else None
     if len(D) < 3:
         return f"{len(D)} finished AdamW budget(s) at this scale; an L(D) fit needs 3"
     if any(b >= a for a, b in zip(means, means[1:], strict=False)):
@@ -209,7 +190,7 @@ def adamw_curve(D: list[float], losses: list[list[float]]) -> AdamwCurve | str:
             + ", ".join(f"{d:,.0f} tokens: {m:.4f}" for d, m in zip(D, means, strict=True))
             + "): no decreasing L(D) to invert, so no speedup"
         )
-    if fit is None:
+    if (fit := fit_power_law(D, means)) is None:
         return "the AdamW budgets do not pin down an L(D) fit"
     return AdamwCurve(D, fit, fit_power_law_batch(D, t_draws(losses, DRAWS)))
 
@@ -254,19 +235,21 @@ def _lr_transfer(series: list[Row]) -> dict[str, Any]:
     return {"points": per, "fits": fits}
 
 
-def _scaling(rep: Report, family: str | None) -> dict[str, Any]:
+def _scaling(rep: Report) -> dict[str, Any]:
     """L(N) fits per optimizer over the largest series, parameter intervals from t-draws of each
     scale's mean; and the gap against each reference at each scale, with its trend in log N."""
     fits: dict[str, dict] = {}
     for name in sorted({n for r in rep.series for n in r.groups}):
-        used, N, groups = _fit_points(rep.series, name)
-        entry: dict[str, Any] = {"n": len(used), "N": N}
+        used = [r for r in rep.series if r.n_params and usable(r.groups.get(name))]
+        N, groups = [float(r.n_params or 0) for r in used], [r.groups[name] for r in used]
+        entry: dict[str, Any] = {"n": len(groups), "N": N}
         fits[name] = entry
-        if len(used) < MIN_SCALES:
-            entry["reason"] = f"{len(used)} finished scale(s); L(N) = E + A·N^−α needs ≥ {MIN_SCALES}"
+        if len(groups) < MIN_SCALES:
+            entry["reason"] = f"{len(groups)} finished scale(s); L(N) = E + A·N^−α needs ≥ {MIN_SCALES}"
             continue
         E, A, alpha = fit_power_law_batch(N, t_draws([list(g.score.losses.values()) for g in groups], DRAWS))
-        entry.update(fit=rep.fits[(str(family), name)][1], E_ci=percentile_ci(E), A_ci=percentile_ci(A))
+        fit = fit_power_law(N, [g.score.mean for g in groups])
+        entry.update(fit=fit, E_ci=percentile_ci(E), A_ci=percentile_ci(A))
         entry.update(alpha_ci=percentile_ci(alpha), draws=(E, A, alpha))  # draws: the figure's band
         entry["alpha_edge_share"] = float(np.mean((alpha <= 0.0051) | (alpha >= 2.99)))
     gaps: dict[tuple[str, str], dict] = {}

@@ -14,7 +14,7 @@ from matplotlib import colormaps, ticker
 from report.analysis import Report
 from report.fmt import fmt_point, opt_name, order
 from report.plots import LOSS, MARKERS, color, empty, figure, fit_ylim, log_axis, n_axis, save, shade
-from report.runs import Row, usable
+from report.runs import Score, usable
 from report.selection import SHARED
 from report.stats import t_interval
 
@@ -26,6 +26,12 @@ def _band(ax: Any, xs: np.ndarray, fit: Any, draws: Any, name: str, labels: tupl
     ax.plot(xs, fit(xs), "-", color=color(name), label=labels[0], **line)
     lo, hi = np.percentile(band, [2.5, 97.5], axis=0)
     ax.fill_between(xs, lo, hi, color=color(name), alpha=0.15, lw=0, label=labels[1])
+
+
+def _t_err(s: Score) -> list[float]:
+    """An error bar's (below, above) the mean: the 95% t-interval over seeds (none with one seed)."""
+    ti = t_interval(list(s.losses.values()))
+    return [s.mean - ti[1], ti[2] - s.mean] if ti else [0.0, 0.0]
 
 
 def params(rep: Report, path: Path) -> None:
@@ -41,8 +47,7 @@ def params(rep: Report, path: Path) -> None:
             continue
         n = np.array([r.n_params for r in used], float)
         m = np.array([r.groups[name].score.mean for r in used])
-        cis = [t_interval(list(r.groups[name].score.losses.values())) for r in used]
-        err = np.array([[mi - ci[1], ci[2] - mi] if ci else [0.0, 0.0] for mi, ci in zip(m, cis, strict=True)]).T
+        err = np.array([_t_err(r.groups[name].score) for r in used]).T
         all_n += n.tolist()
         e, label = sc["fits"].get(name, {}), opt_name(name)
         if "fit" in e:
@@ -69,10 +74,8 @@ def params(rep: Report, path: Path) -> None:
     for j, ((a, b), gp) in enumerate(sc["gaps"].items()):
         if b != "adamw":
             continue
-        gap_err = [
-            [d - c[0] for d, c in zip(gp["diff"], gp["ci"], strict=True)],
-            [c[1] - d for d, c in zip(gp["diff"], gp["ci"], strict=True)],
-        ]
+        diff, ci = np.array(gp["diff"]), np.array(gp["ci"]).reshape(-1, 2)
+        gap_err = [diff - ci[:, 0], ci[:, 1] - diff]
         x, label = np.array(gp["N"]) * 1.03 ** (j - 0.5), f"{opt_name(a)} − AdamW"
         ax_gap.errorbar(x, gp["diff"], yerr=gap_err, fmt="o-", capsize=3, color=color(a), label=label)
         src["gaps"].append({"optim": a, "ref": b, "N": gp["N"], "diff": gp["diff"], "ci": gp["ci"]})
@@ -151,24 +154,14 @@ def _best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
     ax.legend(fontsize=7, loc="best")
 
 
-def _grid_row(rows: list[Row]) -> Row | None:
-    """The scale of the 2-D picture: the row whose groups tried the most points with their own
-    AdamW-group LR (the middle one of the ties, in the report's order); None when no group searched
-    both LRs."""
-    scored = [(n, r) for r in rows if (n := sum(len(g.points) for g in r.groups.values() if g.two_lrs))]
-    if not scored:
-        return None
-    tied = [r for n, r in scored if n == max(n for n, _ in scored)]
-    return tied[len(tied) // 2]
-
-
 def lr_grid(rep: Report, path: Path) -> bool:
     """One panel per optimizer at one scale: every point the search tried, placed at (LR, AdamW-group
     LR) on log axes, coloured and labelled by its loss on the search seed; ★ the tuned point, ◆ the
     shared protocol's (on the diagonal adamw_lr = lr). False when no group searched both LRs."""
-    row = _grid_row(rep.ordered)
-    if row is None:
+    two = [r for r in rep.ordered if any(g.two_lrs for g in r.groups.values())]
+    if not two:
         return False
+    row = max(two, key=lambda r: (r.n_params or 0, r.tokens))  # the largest scale that searched both LRs
     shared = row.protocols.get(SHARED, {})
     names = [n for n in order(row.groups) if row.groups[n].two_lrs]
     fig, axes = figure(len(names), w=4.8, h=4.2, cols=3)
@@ -227,9 +220,7 @@ def efficiency(rep: Report, path: Path) -> bool:
         for r in rows:
             for name in order(n for n, g in r.groups.items() if usable(g)):
                 s = r.groups[name].score
-                ti = t_interval(list(s.losses.values()))
-                err = [[s.mean - ti[1]], [ti[2] - s.mean]] if ti else None
-                ax.errorbar([r.tokens], [s.mean], yerr=err, fmt="o", capsize=3, color=color(name))
+                ax.errorbar([r.tokens], [s.mean], yerr=np.c_[_t_err(s)], fmt="o", capsize=3, color=color(name))
                 src.append({"scale": e["scale"], "optim": name, "tokens": r.tokens, "mean": s.mean})
         for x in (x for x in e["rows"] if math.isfinite(x["adamw_tokens"])):
             arrow = {"arrowstyle": "->", "color": color(x["optim"]), "lw": 0.8}

@@ -1,5 +1,5 @@
-"""Figures of training: validation loss against tokens and against training FLOPs, the Muon-family
-diagnostics per matrix class (over training, and at the end against N), and throughput."""
+"""Figures of training: validation loss against tokens, and the Muon-family diagnostics per matrix
+class over training."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from records.read import CLASSES, diag_series
 from report.analysis import Report
 from report.fmt import fmt_point, human, opt_name, order
-from report.plots import LOSS, MARKERS, clip_top, color, empty, eval_curve, figure, log_axis, n_axis, save, shade
+from report.plots import LOSS, clip_top, color, empty, eval_curve, figure, log_axis, save
 from report.runs import Row
 
 CLASS_NAMES = {"attn_qkv": "attention QKV", "attn_out": "attention out", "mlp_up": "MLP up", "mlp_down": "MLP down"}
@@ -31,8 +31,6 @@ DIAG_ROWS = [
     ("weight norm", [("w_norm", "-", "‖W‖_F")], "‖W‖_F (mean over matrices)", True),
     ("update size", [("update_ratio", "-", "‖ΔW‖/‖W‖")], "update / weight norm ratio", True),
 ]
-DIAG_VS_N = [("r", "trust ratio r (clipped)", True), ("cum_frac_rmax", "share at r_max", False)]
-DIAG_VS_N += [("update_ratio", "update / weight norm ratio", True)]
 
 
 def curves(rep: Report, path: Path) -> None:
@@ -70,41 +68,6 @@ def curves(rep: Report, path: Path) -> None:
         empty(axes[0], "no group with final numbers yet")
     rep.figures["val_loss_vs_tokens"] = src
     save(fig, path, "Validation loss during training at each optimizer's best LR")
-
-
-def flops(rep: Report, path: Path) -> bool:
-    """Val loss against training FLOPs over the scaling series: the compute view of the curves."""
-    rows = [r for r in rep.series if r.flops_per_token]
-    fig = Figure(figsize=(10, 5.2))
-    ax = fig.add_subplot(1, 1, 1)
-    src, xs, ys = [], [], []
-    names = order({n for r in rows for n in r.groups})
-    for k, row in enumerate(rows):
-        for name in names:
-            g = row.groups.get(name)
-            cur = eval_curve(g.score.runs) if g is not None and g.status == "done" else None
-            if cur is None:
-                continue
-            x, y = cur
-            f, mean = x * (row.flops_per_token or 0.0), np.nanmean(y, 0)
-            label = f"{opt_name(name)} {row.short} (N={human(row.n_params or 0)})"
-            ax.plot(
-                f, mean, color=shade(name, k, len(rows)), marker=MARKERS[k % len(MARKERS)], ms=3, lw=1.2, label=label
-            )
-            xs.append(f)
-            ys.append(y)
-            src.append({"row": row.short, "optim": name, "flops": f.tolist(), "mean": mean.tolist()})
-    if not src:
-        return False
-    ax.set_xscale("log")
-    log_axis(ax.xaxis)
-    cut = clip_top(ax, ys, xs)
-    ax.set_xlabel("training FLOPs (tokens × (6·params + 12·L·d·T))")
-    ax.set_ylabel(LOSS + (" (early losses off the top)" if cut else ""))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    rep.figures["val_loss_vs_flops"] = src
-    save(fig, path, "Validation loss against training compute, per scale (mean over scored seeds)", right=3.0)
-    return True
 
 
 def _values(series: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -208,78 +171,3 @@ def diagnostics(rep: Report, path: Path) -> None:
     rep.figures["muon_diagnostics"] = src
     title = f"Muon-family diagnostics per matrix class at the best LR, {chosen.short} (N={chosen.n_params:,.0f})"
     save(fig, path, title + ", every seed", bottom=1.0, right=1.6, dpi=80)
-
-
-def diagnostics_vs_params(rep: Report, path: Path) -> bool:
-    """The last quarter of training's mean diagnostic per class against N (bars: min–max over seeds)."""
-    per = [(row, runs) for row in rep.series if row.n_params and (runs := _diag_runs(row))]
-    if len(per) < 2:
-        return False
-    fig = Figure(figsize=(4.2 * len(CLASSES), 3.0 * len(DIAG_VS_N) + 0.6))
-    ylabels, logy = [s[1] for s in DIAG_VS_N], [s[2] for s in DIAG_VS_N]
-    grid = _panels(fig, len(DIAG_VS_N), ylabels, logy, "non-embedding parameters N")
-    names = order({n for _, runs in per for n in runs})
-    src = []
-    for (f, _, _), row_axes in zip(DIAG_VS_N, grid, strict=True):
-        for cls, ax in zip(CLASSES, row_axes, strict=True):
-            for name in names:
-                xs, ms, lo, hi = [], [], [], []
-                for row, runs in per:
-                    series = [_values(d, f"diag/{cls}/{f}") for _, d in runs.get(name, [])]
-                    vals = [float(np.mean(y[x >= 0.75 * x.max()])) for x, y in series if y.size]
-                    if vals:
-                        xs.append(row.n_params)
-                        ms.append(float(np.mean(vals)))
-                        lo.append(ms[-1] - min(vals))
-                        hi.append(max(vals) - ms[-1])
-                        src.append({"optim": name, "N": row.n_params, "class": cls, "field": f, "seeds": vals})
-                if xs:
-                    ax.errorbar(xs, ms, yerr=[lo, hi], fmt="o-", capsize=3, color=color(name))
-            n_axis(ax, [float(r.n_params or 0) for r, _ in per])
-    handles = [Line2D([], [], color=color(n), marker="o") for n in names]
-    title = {"title": "bars: min–max over seeds", "title_fontsize": 8}
-    fig.legend(
-        handles, [opt_name(n) for n in names], loc="lower center", ncol=len(names), fontsize=8, frameon=False, **title
-    )
-    rep.figures["muon_diagnostics_vs_params"] = src
-    save(fig, path, "Muon-family diagnostics in the last quarter of training against model size", bottom=1.0, dpi=80)
-    return True
-
-
-def throughput(rep: Report, path: Path) -> None:
-    """Median tokens/s per (scale, optimizer) over its runs, whiskers min–max of the run medians (the
-    numbers of the throughput table); MFU only when logged (never on CPU)."""
-    rows = rep.ordered
-    names = order({n for r in rows for n in r.groups})
-    table: list[dict[str, Any]] = []
-    for r in rows:
-        for n in (n for n in names if (r.name, n) in rep.throughput.index):
-            e = rep.throughput.loc[(r.name, n)]
-            table.append({"row": r.short, "optim": n, "runs": int(e["runs"])})
-            table[-1].update({k: float(e[k]) for k in ("median", "min", "max")})
-            table[-1]["mfu"] = None if math.isnan(e["mfu"]) else float(e["mfu"])
-    has_mfu = any(e["mfu"] is not None for e in table)
-    fig, axes = figure(2 if has_mfu else 1, w=max(9.0, 0.5 * len(rows) * len(names) + 2), h=3.8, cols=1)
-    labels = list(dict.fromkeys(e["row"] for e in table))
-    width = 0.8 / max(len(names), 1)
-    for j, name in enumerate(names):
-        es = [e for e in table if e["optim"] == name]
-        x = np.array([labels.index(e["row"]) for e in es]) + (j - (len(names) - 1) / 2) * width
-        err = np.array([[e["median"] - e["min"], e["max"] - e["median"]] for e in es]).T.reshape(2, -1)
-        axes[0].bar(x, [e["median"] for e in es], width, yerr=err, capsize=2, color=color(name), label=opt_name(name))
-        if has_mfu:
-            axes[1].bar(x, [e["mfu"] or 0 for e in es], width, color=color(name))
-    if table:
-        for ax in axes:
-            ax.set_xticks(range(len(labels)))
-            ax.set_xticklabels(labels, fontsize=8)
-            ax.set_xlabel("scale")
-        axes[0].set_ylabel("training tokens/s (median per run)")
-        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        if has_mfu:
-            axes[1].set_ylabel("MFU (median)")
-    else:
-        empty(axes[0], "no training lines with tokens/s")
-    rep.figures["throughput"] = table
-    axes[0].set_title("bars: median over runs, whiskers: min–max", fontsize=8)
-    save(fig, path, "Training throughput per scale: runs shared the machine, so not optimizer speed", right=1.9)

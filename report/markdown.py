@@ -1,5 +1,5 @@
 """report.md: the preamble, the top (report/headline.py), then the details: every group's final loss
-beside the paper's, LR sensitivity, the L(N) fit of each row family, curves, downstream accuracy,
+beside the paper's, LR sensitivity, curves, downstream accuracy,
 hyperparameters, throughput and the runs that did not finish. Every number comes from the `Report`
 (report/analysis.py)."""
 
@@ -13,7 +13,7 @@ import numpy as np
 from report import headline
 from report.analysis import Report
 from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, table
-from report.runs import PAPER, usable
+from report.runs import PAPER
 from report.stats import compare
 
 NO_TRUST_RATIO = ("muon", "muon_moonlight")  # orscale.variants: denominator "none" (no r, no clipping)
@@ -57,8 +57,8 @@ def render(rep: Report, pngs: dict[str, str]) -> str:
         "`sha256sum config.yaml`.",
         "",
     ]
-    out += headline.render(rep, pngs) + _paper_table(rep) + _lr_sensitivity(rep, pngs) + _scaling(rep)
-    out += _curves(pngs) + _downstream(rep, pngs) + _hyperparameters(rep) + _throughput(rep, pngs) + _unfinished(rep)
+    out += headline.render(rep, pngs) + _paper_table(rep) + _lr_sensitivity(rep, pngs)
+    out += _curves(pngs) + _downstream(rep, pngs) + _hyperparameters(rep) + _throughput(rep) + _unfinished(rep)
     return "\n".join(out)
 
 
@@ -66,37 +66,26 @@ def _paper_table(rep: Report) -> list[str]:
     out = ["## Final validation loss at the best learning rate", ""]
     body = []
     for row in rep.rows:
-        ref = row.groups.get("adamw")
         for name in order(row.groups):
             g = row.groups[name]
             s = g.score
             paper = PAPER.get(row.paper_scale or "", {}).get(name)
-            gap = s.mean - ref.score.mean if ref and usable(ref) and usable(g) and name != "adamw" else None
             loss = f"{num(s.mean)} ± {num(s.std)}" if len(s.runs) > 1 else num(s.mean)
+            pending = f"*pending: {g.status}* (so far {loss})" if s.runs else "*pending*"
             tokens = ", ".join(f"{t:,}" for t in sorted({r.final_tokens or 0 for r in s.runs}))
             val_tokens = ", ".join(f"{t:,}" if t else "?" for t in sorted({r.val_tokens for r in s.runs}, key=str))
-            pending = f"*pending: {g.status}* (so far {loss})" if s.runs else "*pending*"
             cells = [row.label, f"{row.steps} × {row.tokens_per_step:,}", opt_name(name)]
             cells += [fmt_point(s.point) + (f" ⚠ at the {g.edge} tried" if g.edge else "")]
-            cells += [
-                loss if g.status == "done" else pending,
-                str(len(s.runs)),
-                tokens,
-                val_tokens,
-                num(gap, sign=True),
-            ]
+            cells += [loss if g.status == "done" else pending, str(len(s.runs)), tokens, val_tokens]
             paper_cell = f"{paper:.4f} (paper, {row.paper_scale})" if paper is not None else "—"
             body.append([*cells, paper_cell, provenance(s.runs, rep.root)])
     header = ["scale", "steps × tokens/step", "optimizer", "best LR (matrices / AdamW group)", "val loss (mean ± std)"]
-    header += ["seeds", "tokens seen", "val tokens", "Δ vs AdamW", "paper's number (SPEC §4, not ours)"]
+    header += ["seeds", "tokens seen", "val tokens", "paper's number (SPEC §4, not ours)"]
     out += table([*header, "runs (commit, config)"], body) if body else ["No finished runs."]
     commits = sorted({c for r in rep.runs if r.finished for c in r.commits})
     if len(commits) > 1:
-        out += [
-            "",
-            f"**Note:** the finished runs come from {len(commits)} different commits "
-            f"({', '.join(map(short_commit, commits))}); compare cells across commits with care.",
-        ]
+        out += ["", f"**Note:** the finished runs come from {len(commits)} different commits "]
+        out[-1] += f"({', '.join(map(short_commit, commits))}); compare cells across commits with care."
     if any(c.endswith("-dirty") for c in commits):
         out += [
             "",
@@ -132,55 +121,16 @@ def _lr_sensitivity(rep: Report, pngs: dict[str, str]) -> list[str]:
             for p in sorted(g.points):
                 text = f"{fmt_point(p)}: {num(g.selection_loss(p))} ({int(g.cells.loc[p, 'n'])})"
                 cells.append(f"**{text}**" if p == g.best else text)
-            one = len(g.points) == 1
-            note = (
-                "one point only"
-                if one
-                else f"best at the {g.edge} tried — extend the search"
-                if g.edge
-                else "interior optimum"
-            )
+            note = f"best at the {g.edge} tried — extend the search" if g.edge else "interior optimum"
+            note = "one point only" if len(g.points) == 1 else note
             body.append([opt_name(name), "; ".join(cells), note if g.status == "done" else f"{note}; {g.status}"])
         out += [f"### {row.name}", ""] + table(["optimizer", "points tried (loss, runs)", "note"], body) + [""]
     return out + [f"![loss vs LR]({pngs['lr']})", ""]
 
 
-def _scaling(rep: Report) -> list[str]:
-    out = [
-        "## Scaling",
-        "",
-        "L(N) = E + A·N^(−α) per optimizer over the scales of a row family (N = non-embedding "
-        "parameters; the token budget most scales share, best LR, scored seeds). Fit: grid over α in "
-        "[0.005, 3], least squares for E ≥ 0 and A ≥ 0; intervals in the headline's section 4, data "
-        "efficiency (L(D)) in its section 2.",
-        "",
-    ]
-    body = []
-    for (family, name), (used, fit) in sorted(rep.fits.items()):
-        head = [family, opt_name(name), str(len(used)), ", ".join(f"{r.n_params:.3g}" for r in used)]
-        if fit is None:
-            body.append(head + [f"too few scales for a fit ({len({r.n_params for r in used})} < 3)", "—", "—", "—"])
-        else:
-            alpha = f"{fit.alpha:.4f}" + (" (edge of the α range: unreliable)" if fit.at_edge else "")
-            body.append(head + [f"{fit.E:.4f}", f"{fit.A:.4g}", alpha, f"{fit.rmse:.2g}"])
-    header = ["family (settings hash)", "optimizer", "scales", "N", "E", "A", "α", "rmse"]
-    return out + (table(header, body) if body else ["No points."]) + [""]
-
-
 def _curves(pngs: dict[str, str]) -> list[str]:
     out = ["## Curves", "", f"![val loss vs tokens]({pngs['curves']})", ""]
-    if "flops" in pngs:
-        out += [f"![val loss vs training FLOPs]({pngs['flops']})", ""]
-    out += [
-        "Training FLOPs = tokens × (6 × parameters + 12·L·d·T): every matmul (the tied output layer "
-        "included) forward and backward, plus attention's QKᵀ and AV at context T, as "
-        "`models.gpt.GPT.flops_per_token` counts them.",
-        "",
-        f"![Muon-family diagnostics per matrix class]({pngs['diag']})",
-        "",
-    ]
-    if "diag_scales" in pngs:
-        out += [f"![diagnostics at the end of training against N]({pngs['diag_scales']})", ""]
+    out += [f"![Muon-family diagnostics per matrix class]({pngs['diag']})", ""]
     return out
 
 
@@ -214,18 +164,9 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
             near = isinstance(chance, (int, float)) and (lo <= chance <= hi or ex[0] <= chance <= ex[1])
             a = ref.get(e["row"].name)
             c = compare(e["values"], a["values"]) if a is not None and e["optim"] != "adamw" else None
-            delta = (
-                "—"
-                if c is None
-                else f"{c.diff:+.4f}" + (f" [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}] p={c.p:.2g}" if c.p is not None else "")
-            )
-            acc = (
-                "—"
-                if not vals
-                else f"{np.mean(vals):.4f} ± {np.std(vals, ddof=1):.4f}"
-                if len(vals) > 1
-                else f"{vals[0]:.4f}"
-            )
+            delta = "—" if c is None else f"{c.diff:+.4f}"
+            delta += f" [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}] p={c.p:.2g}" if c is not None and c.p is not None else ""
+            acc = f"{np.mean(vals):.4f}" + (f" ± {np.std(vals, ddof=1):.4f}" if len(vals) > 1 else "") if vals else "—"
             cells = [e["row"].short, opt_name(e["optim"]), f"{e['loss']:.4f}", acc]
             cells += [f"[{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) else "—"]
             cells += [f"[{ex[0]:.3f}, {ex[1]:.3f}]" if math.isfinite(ex[0]) else "—", str(len(vals))]
@@ -272,7 +213,7 @@ def _hyperparameters(rep: Report) -> list[str]:
     return out + table(["setting", "key", *[opt_name(n) for n in names]], body) + [""]
 
 
-def _throughput(rep: Report, pngs: dict[str, str]) -> list[str]:
+def _throughput(rep: Report) -> list[str]:
     body = []
     for row in rep.rows:
         for name in order(row.groups):
@@ -293,10 +234,8 @@ def _throughput(rep: Report, pngs: dict[str, str]) -> list[str]:
     return out + [
         "",
         "Each run's median over ~64 evenly spaced logged steps, then the median over the row's runs (all LRs and "
-        "seeds; each run counts once, as in the figure); MFU and memory are n/a where the logs do not carry them "
-        "(MFU is null on CPU).",
-        "",
-        f"![tokens/s per scale and optimizer]({pngs['throughput']})",
+        "seeds; each run counts once); MFU and memory are n/a where the logs do not carry them (MFU is null on "
+        "CPU).",
         "",
     ]
 
@@ -310,13 +249,6 @@ def _unfinished(rep: Report) -> list[str]:
     for r in bad:
         lr = str(r.cfg("optim.lr", "?")) + (f" / {r.cfg('optim.adamw_lr')}" if r.cfg("optim.adamw_lr") else "")
         state = (r.problem or "finished") + (f"; {r.bad_lines} unreadable line(s)" if r.bad_lines else "")
-        body.append(
-            [
-                f"`{r.path.relative_to(rep.root)}`",
-                str(r.cfg("optim.name", "?")),
-                lr,
-                str(r.cfg("train.seed", "?")),
-                state,
-            ]
-        )
+        where, seed = f"`{r.path.relative_to(rep.root)}`", str(r.cfg("train.seed", "?"))
+        body.append([where, str(r.cfg("optim.name", "?")), lr, seed, state])
     return out + table(["run directory", "optimizer", "LR", "seed", "state"], body) + [""]

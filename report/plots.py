@@ -1,5 +1,5 @@
 """The report's figures: `write_all` draws each one (report/figures_training.py: curves, compute,
-diagnostics, throughput; report/figures_scaling.py: LR, both LRs, scaling, data efficiency,
+diagnostics; report/figures_scaling.py: LR, both LRs, scaling, data efficiency,
 downstream) and records the numbers it plots in `Report.figures` (summary.json). The kit here:
 fixed colours per optimizer (scales are shades of it, lighter = smaller, with their own markers),
 axes, margins and saving (matplotlib's Figure + Agg canvas: no pyplot, no display)."""
@@ -21,16 +21,11 @@ from matplotlib.figure import Figure
 
 from report.fmt import human
 
-FILES = {  # drawn in every report
+FILES = {  # kind -> file; the last three are drawn only when the logs have something to show
     "curves": "val_loss_vs_tokens.png",
     "params": "loss_vs_params.png",
     "lr": "loss_vs_lr.png",
     "diag": "muon_diagnostics.png",
-    "throughput": "throughput.png",
-}
-EXTRA = {  # drawn when the logs have something to show
-    "flops": "val_loss_vs_flops.png",
-    "diag_scales": "muon_diagnostics_vs_params.png",
     "downstream": "accuracy_vs_val_loss.png",
     "efficiency": "data_efficiency.png",
     "lr_grid": "loss_vs_both_lrs.png",
@@ -52,20 +47,16 @@ def write_all(rep: Any, out_dir: Path) -> dict[str, str]:
         "params": sc.params,
         "lr": sc.lr,
         "diag": tr.diagnostics,
-        "throughput": tr.throughput,
-        "flops": tr.flops,
-        "diag_scales": tr.diagnostics_vs_params,
         "downstream": sc.downstream,
         "efficiency": sc.efficiency,
         "lr_grid": sc.lr_grid,
     }
-    out = dict(FILES)
+    out = {}
     for kind, draw in drawers.items():
-        path = out_dir / (FILES.get(kind) or EXTRA[kind])
-        if draw(rep, path) is not False and kind in EXTRA:
-            out[kind] = EXTRA[kind]
-        elif kind in EXTRA and path.exists():
-            path.unlink()  # a figure from an earlier report that has nothing to show now
+        if draw(rep, out_dir / FILES[kind]) is False:
+            (out_dir / FILES[kind]).unlink(missing_ok=True)  # an earlier report's figure with nothing to show now
+        else:
+            out[kind] = FILES[kind]
     return out
 
 

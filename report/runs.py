@@ -2,9 +2,9 @@
 one setting (same model, context, tokens per step, steps and every other setting that changes the
 result); within a row, a *group* per optimizer holds its runs, one *cell* per point (the two peak
 LRs), whose runs are the seeds. A group's best point, score and grid edge are the LR search's rule
-(records/points.py). Parameter counts and the model's shape come from the run's own records (metrics,
-run.log's setup line, else config.yaml's model section resolved by `models`); the paper's published
-losses and setups are data (paper_results.json), shown beside ours."""
+(records/points.py). Parameter counts and the model's shape come from the run's own records
+(metrics.jsonl, run.log's setup line, config.yaml); the paper's published losses and setups are data
+(paper_results.json), shown beside ours."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -66,43 +65,19 @@ def scale_label(run: RunRecord) -> str:
     return str(run.cfg("model.preset", "?")) + (f"[{','.join(parts)}]" if parts else "")
 
 
-def _model(run: RunRecord) -> Any:
-    """The resolved model (n_layer, d_model, ...): run.log's setup line when it records it, else
-    config.yaml's model section resolved by models.presets (imports torch: only when needed)."""
-    logged = run.setup.get("model")
-    if isinstance(logged, dict) and all(finite(logged.get(k)) for k in ("n_layer", "d_model", "vocab_size")):
-        return SimpleNamespace(**{"center_mlp": False, **logged})
-    try:
-        from models.presets import ModelConfig
-
-        return ModelConfig(**(run.cfg("model") or {})).resolve()
-    except (ImportError, ValueError, TypeError):
-        return None
-
-
 def _params(run: RunRecord) -> tuple[float | None, float | None]:
-    """(non-embedding, total) parameters: the last training line, else run.log's setup, else counted
-    from the resolved model."""
-    found = [
-        next((src[k] for src in (run.last_train or {}, run.setup) if finite(src.get(k))), None)
-        for k in ("non_embedding_params", "params")
-    ]
-    if None in found and (model := _model(run)) is not None:
-        from models.presets import param_counts
-
-        total, nonemb = param_counts(model)
-        found = [found[0] if found[0] is not None else nonemb, found[1] if found[1] is not None else total]
-    return found[0], found[1]
+    """(non-embedding, total) parameters: the last training line's, else run.log's setup line's."""
+    sources = (run.last_train or {}, run.setup)
+    n, total = (
+        next((src[k] for src in sources if finite(src.get(k))), None) for k in ("non_embedding_params", "params")
+    )
+    return n, total
 
 
 def _shape(run: RunRecord) -> tuple[int | None, int | None]:
-    """(n_layer, d_model): config.yaml's when it sets both, else the resolved model's."""
-    n_layer, d_model = run.cfg("model.n_layer"), run.cfg("model.d_model")
-    if n_layer is None or d_model is None:
-        model = _model(run)
-        if model is not None:
-            n_layer, d_model = n_layer or model.n_layer, d_model or model.d_model
-    return n_layer, d_model
+    """(n_layer, d_model): config.yaml's, else the resolved model on run.log's setup line."""
+    logged: dict = run.setup["model"] if isinstance(run.setup.get("model"), dict) else {}
+    return run.cfg("model.n_layer") or logged.get("n_layer"), run.cfg("model.d_model") or logged.get("d_model")
 
 
 def _paper_match(run: RunRecord) -> str | None:
@@ -121,10 +96,6 @@ class Score:
     point: Point
     losses: dict[int, float]
     runs: list[RunRecord]
-
-    @property
-    def lr(self) -> float:
-        return self.point[0]
 
     @property
     def mean(self) -> float:

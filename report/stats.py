@@ -162,9 +162,23 @@ class PowerFit:
         return float((self.A / (y - self.E)) ** (1.0 / self.alpha))
 
 
+def _least_squares(xs: np.ndarray, ys: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """E and A of y = E + A·x^−α by least squares for each y vector (ys: [B, n]) and exponent (alphas:
+    [G]), with E >= 0 (a loss floor below zero is meaningless: A alone) and A >= 0 (else flat at
+    the mean): (E, A), each [B, G], and the basis x^−α, [G, n]."""
+    X = np.power(xs, -alphas[:, None])
+    xm, ym = X.mean(1), ys.mean(1)[:, None]
+    xc = X - xm[:, None]
+    A = (ys - ym) @ xc.T / np.sum(xc * xc, 1)
+    E = ym - A * xm
+    A = np.where(E < 0, ys @ X.T / np.sum(X * X, 1), A)
+    E = np.maximum(E, 0.0)
+    return np.where(A < 0, ym, E), np.maximum(A, 0.0), X
+
+
 def fit_power_law(x: ArrayLike, y: ArrayLike) -> PowerFit | None:
-    """Fit y = E + A x^-alpha: a grid over alpha (then a finer grid around the best), E and A by
-    linear least squares for each alpha, A >= 0 and E >= 0. Needs >= 3 points with distinct x."""
+    """Fit y = E + A x^-alpha: a grid over alpha (then a finer grid around the best), E >= 0 and A >= 0
+    by linear least squares for each alpha. Needs >= 3 points with distinct x."""
     xa, ya = np.asarray(x, float), np.asarray(y, float)
     ok = np.isfinite(xa) & np.isfinite(ya) & (xa > 0)
     xv, yv = xa[ok], ya[ok]
@@ -172,29 +186,18 @@ def fit_power_law(x: ArrayLike, y: ArrayLike) -> PowerFit | None:
         return None
     # Work with x / geometric-mean(x) so that x^-alpha stays well scaled for N ~ 1e9.
     scale = float(np.exp(np.mean(np.log(xv))))
-    xs = xv / scale
-    grid = np.linspace(*ALPHA_RANGE, 600)
-    best: tuple[float, float, float, float] | None = None
+    grid, best = np.linspace(*ALPHA_RANGE, 600), (math.inf, 0.0, 0.0, 0.0)
     for _ in range(3):  # coarse grid, then two refinements around the minimum
-        for alpha in grid:
-            basis = np.power(xs, -alpha)
-            M = np.stack([np.ones_like(basis), basis], axis=1)
-            coef, *_ = np.linalg.lstsq(M, yv, rcond=None)
-            if coef[0] < 0:  # a loss floor below zero is meaningless: fit A alone with E = 0
-                coef = np.array([0.0, float(basis @ yv / (basis @ basis))])
-            if coef[1] < 0:
-                coef = np.array([yv.mean(), 0.0])
-            sse = float(np.sum((M @ coef - yv) ** 2))
-            if best is None or sse < best[0]:
-                best = (sse, float(alpha), float(coef[0]), float(coef[1]))
-        assert best is not None
+        E, A, X = _least_squares(xv / scale, yv[None], grid)
+        sse = np.sum((yv - E[0][:, None] - A[0][:, None] * X) ** 2, 1)
+        k = int(np.argmin(sse))
+        if sse[k] < best[0]:
+            best = (float(sse[k]), float(grid[k]), float(E[0, k]), float(A[0, k]))
         step = grid[1] - grid[0]
         grid = np.linspace(max(best[1] - step, 1e-4), best[1] + step, 41)
-    assert best is not None
-    sse, alpha, E, A_scaled = best
-    lo, hi = ALPHA_RANGE
-    at_edge = alpha <= lo * 1.05 or alpha >= hi * 0.99
-    return PowerFit(E, A_scaled * scale**alpha, alpha, math.sqrt(sse / len(xv)), len(xv), at_edge)
+    sse, alpha, E0, A_scaled = best
+    at_edge = alpha <= ALPHA_RANGE[0] * 1.05 or alpha >= ALPHA_RANGE[1] * 0.99
+    return PowerFit(E0, A_scaled * scale**alpha, alpha, math.sqrt(sse / len(xv)), len(xv), at_edge)
 
 
 ALPHA_GRID = np.linspace(*ALPHA_RANGE, 300)  # step 0.01: enough for an interval
@@ -202,26 +205,14 @@ ALPHA_GRID = np.linspace(*ALPHA_RANGE, 300)  # step 0.01: enough for an interval
 
 def fit_power_law_batch(x: ArrayLike, ys: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`fit_power_law` for many y vectors at once (ys: [B, n]) on a coarse α grid (step 0.01,
-    enough for an interval): (E, A, α), each [B]. Same constraints: E >= 0, A >= 0."""
+    enough for an interval): (E, A, α), each [B]."""
     xv, yv = np.asarray(x, float), np.asarray(ys, float)
     scale = float(np.exp(np.mean(np.log(xv))))
-    X = np.power(xv / scale, -ALPHA_GRID[:, None])  # [G, n]
-    xm = X.mean(1)
-    xc = X - xm[:, None]
-    ym = yv.mean(1)
-    A = (yv - ym[:, None]) @ xc.T / np.sum(xc * xc, 1)  # [B, G]
-    E = ym[:, None] - A * xm
-    neg = E < 0  # a floor below zero: A alone with E = 0
-    A = np.where(neg, yv @ X.T / np.sum(X * X, 1), A)
-    E = np.where(neg, 0.0, E)
-    flat = A < 0
-    E = np.where(flat, ym[:, None], E)
-    A = np.where(flat, 0.0, A)
+    E, A, X = _least_squares(xv / scale, yv, ALPHA_GRID)
     # Σ(y − E − A·x)² expanded in sums, so no [B, G, n] array is formed.
-    n = xv.size
     syy, sy = np.sum(yv * yv, 1)[:, None], np.sum(yv, 1)[:, None]
     sxy, sx, sxx = yv @ X.T, X.sum(1), np.sum(X * X, 1)
-    sse = syy + n * E * E + A * A * sxx - 2 * E * sy - 2 * A * sxy + 2 * E * A * sx
+    sse = syy + xv.size * E * E + A * A * sxx - 2 * E * sy - 2 * A * sxy + 2 * E * A * sx
     k = np.argmin(sse, axis=1)
     rows = np.arange(len(yv))
     alpha = ALPHA_GRID[k]

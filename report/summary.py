@@ -1,5 +1,5 @@
 """summary.json: the report's numbers, machine-readable, with one JSON shape per kind of object (a
-group, a comparison, a fit, a slope) wherever it appears."""
+group; a comparison, fit or slope: its dataclass fields) wherever it appears."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from report.analysis import Report
 from report.runs import Group, usable
-from report.stats import Comparison, PowerFit, Slope
+from report.stats import Comparison
 
 
 def _num(x: float) -> float | None:
@@ -23,8 +23,7 @@ def group_json(g: Group | None, root: Path) -> dict[str, Any] | None:
     every point tried."""
     if g is None:
         return None
-    s, ok = g.score, usable(g)
-    cells = g.cells
+    s, ok, cells = g.score, usable(g), g.cells
     return {
         "status": g.status,
         "lr": s.point[0],
@@ -45,34 +44,27 @@ def group_json(g: Group | None, root: Path) -> dict[str, Any] | None:
     }
 
 
-def comparison_json(c: Comparison | None) -> dict[str, Any] | None:
-    return None if c is None else {**asdict(c), "within_noise": c.within_noise}
-
-
-def fit_json(f: PowerFit | None) -> dict[str, Any] | None:
-    return None if f is None else asdict(f)
-
-
-def slope_json(s: Slope | None) -> dict[str, Any] | None:
-    return None if s is None else {"slope": s.slope, "ci": s.ci, "df": s.df}
+def obj(x: Any) -> dict[str, Any] | None:
+    """A Comparison, PowerFit or Slope as its fields (a comparison also says whether it is within noise)."""
+    if x is None:
+        return None
+    return asdict(x) | ({"within_noise": x.within_noise} if isinstance(x, Comparison) else {})
 
 
 def summary(rep: Report) -> dict[str, Any]:
-    root = rep.root
+    root, complete, total = rep.root, *rep.progress
     rows: list[dict[str, Any]] = []
     for row in rep.rows:
         rows.append(dict(name=row.name, label=row.label, scale=row.sweep_scale, steps=row.steps))
         rows[-1] |= dict(tokens_per_step=row.tokens_per_step, tokens=row.tokens, non_embedding_params=row.n_params)
         rows[-1] |= dict(params=row.n_total, flops_per_token=row.flops_per_token, paper_scale=row.paper_scale)
         rows[-1] |= dict(family=row.family, groups={name: group_json(g, root) for name, g in row.groups.items()})
-    complete, total = rep.progress
+    scaling = rep.scaling
     return {
         "n_runs": len(rep.runs),
         "n_finished": sum(r.finished for r in rep.runs),
         "selection": "search seed" if rep.plan is not None and rep.plan.search is not None else "same seeds",
         "rows": rows,
-        "fits": {f"{fam}/{name}": fit_json(fit) for (fam, name), (_, fit) in rep.fits.items()},
-        "comparisons": {"|".join(k): comparison_json(c) for k, c in rep.comparisons.items()},
         "headline": {
             "complete": complete,
             "total": total,
@@ -81,14 +73,12 @@ def summary(rep: Report) -> dict[str, Any]:
             "speedup": [_speedup(e) for e in rep.speedup],
             "lr_transfer": {
                 "points": rep.transfer["points"],
-                "fits": {n: {**f, "slope": slope_json(f["slope"])} for n, f in rep.transfer["fits"].items()},
+                "fits": {n: {**f, "slope": obj(f["slope"])} for n, f in rep.transfer["fits"].items()},
             },
             "scaling": {
-                "series": rep.scaling["series"],
-                "fits": {n: _scaling_fit(e) for n, e in rep.scaling["fits"].items()},
-                "gaps": {
-                    f"{a}|{b}": {**g, "trend": slope_json(g["trend"])} for (a, b), g in rep.scaling["gaps"].items()
-                },
+                "series": scaling["series"],
+                "fits": {n: _scaling_fit(e) for n, e in scaling["fits"].items()},
+                "gaps": {f"{a}|{b}": {**g, "trend": obj(g["trend"])} for (a, b), g in scaling["gaps"].items()},
             },
         },
         "protocols": {e["row"].short: _protocols(e, root) for e in rep.protocols},
@@ -104,14 +94,14 @@ def _speedup(e: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wins(rep: Report, row: Any) -> dict[str, Any]:
+    """A row of table 1: its scale and the Δs of its tests (the groups are under `rows`)."""
     win = rep.winners.get(row.name)
     return {
         "scale": row.short,
         "row": row.name,
         "N": row.n_params,
         "tokens": row.tokens,
-        "groups": {n: group_json(g, rep.root) for n, g in row.groups.items()},
-        "deltas": {f"{a}|{b}": comparison_json(c) for (r, a, b), c in rep.comparisons.items() if r == row.name},
+        "deltas": {f"{a}|{b}": obj(c) for (r, a, b), c in rep.comparisons.items() if r == row.name},
         "winner": None if win is None else {"optim": win[0], "runner_up": win[1], "margin": -win[2]},
     }
 
@@ -124,28 +114,24 @@ def _scaling_fit(e: dict[str, Any]) -> dict[str, Any]:
 
 
 def _protocols(e: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A row's protocols: its groups as `group_json`, its comparisons as `obj`."""
+    as_json = lambda x: group_json(x, root) if isinstance(x, Group) else obj(x)
+    part = lambda p: None if p is None else {"mean": p[0], "ci": [p[1], p[2]]}
     return {
-        "optims": {
-            n: {
-                "tuned": group_json(o["tuned"], root),
-                "shared": group_json(o["shared"], root),
-                "tuned_vs_shared": comparison_json(o["tuned_vs_shared"]),
-            }
-            for n, o in e["optims"].items()
-        },
+        "optims": {n: {k: as_json(v) for k, v in o.items()} for n, o in e["optims"].items()},
         "gaps": {
             f"{a}|{b}": {
-                "tuned": comparison_json(g["tuned"]),
-                "shared": comparison_json(g["shared"]),
-                "protocol_part": None if (p := g["protocol_part"]) is None else {"mean": p[0], "ci": [p[1], p[2]]},
+                "tuned": obj(g["tuned"]),
+                "shared": obj(g["shared"]),
+                "protocol_part": part(g["protocol_part"]),
             }
             for (a, b), g in e["gaps"].items()
         },
         "transfer": {
             label: {
                 "group": group_json(t["group"], root),
-                "vs_own_tuned": comparison_json(t["vs_own_tuned"]),
-                "vs_source": {k: comparison_json(v) for k, v in t["vs_source"].items()},
+                "vs_own_tuned": obj(t["vs_own_tuned"]),
+                "vs_source": {k: obj(v) for k, v in t["vs_source"].items()},
             }
             for label, t in e["transfer"].items()
         },

@@ -70,7 +70,7 @@ def test_scaling_fit_recovers_exponent(tmp_path):
                 nonemb=n,
             )
     summary = report.build_report(tmp_path, tmp_path / "out")
-    fits = {k.split("/")[1]: v for k, v in summary["fits"].items()}
+    fits = summary["headline"]["scaling"]["fits"]
     assert fits["adamw"]["alpha"] == pytest.approx(alpha, abs=1e-3) and fits["adamw"]["E"] == pytest.approx(E, abs=1e-3)
     assert fits["orscale_lm"]["E"] == pytest.approx(E - 0.05, abs=1e-3)
     direct = fit_power_law([1e2, 1e3, 1e4, 1e5], [1.0 + 5.0 * x**-0.5 for x in (1e2, 1e3, 1e4, 1e5)])
