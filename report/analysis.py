@@ -5,7 +5,7 @@ report.md, summary.json and the figures only render:
 2. the data-efficiency multiplier over AdamW from AdamW's L(D) at one scale, with an interval;
 3. LR transfer across width: the best LR against d_model per optimizer, the fitted log-log slope;
 4. L(N) = E + A·N^−α per optimizer with parameter intervals, and the gap at each scale;
-then the protocols side by side, downstream accuracies and throughput.
+then the protocols side by side and downstream accuracies.
 
 Intervals on fitted quantities draw each point's mean from its t-distribution and refit
 (`stats.t_draws` + `stats.fit_power_law_batch`): with 2–3 seeds a resampling bootstrap has only a
@@ -43,7 +43,6 @@ from report.stats import (
 DRAWS = 4000  # refits per interval: the 2.5% tails rest on 100 draws each
 MIN_SCALES = 4  # L(N) has three parameters: with three scales the curve only interpolates
 PAIRS = (("orscale_lm", "muon_moonlight"), ("orscale_lm", "adamw"), ("muon_moonlight", "adamw"))
-THROUGHPUT = ("tokens_per_s", "mfu", "peak_mem_gib", "data_wait_frac")
 
 
 @dataclass
@@ -63,7 +62,6 @@ class Report:
     scaling: dict[str, Any] = field(default_factory=dict)
     protocols: list[dict[str, Any]] = field(default_factory=list)
     downstream: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    throughput: pd.DataFrame = field(default_factory=pd.DataFrame)
     figures: dict[str, Any] = field(default_factory=dict)  # figure name -> the numbers it plots
 
     @property
@@ -122,7 +120,6 @@ def analyse(
     rep.scaling = _scaling(rep)
     rep.protocols = _protocols(rows)
     rep.downstream = _downstream(rows)
-    rep.throughput = _throughput(rows)
     return rep
 
 
@@ -337,24 +334,3 @@ def _accuracy_ci(vals: list[float], one_seed: Any) -> tuple[float, float]:
     if ti is not None:
         return ti[1], ti[2]
     return (float(one_seed[0]), float(one_seed[1])) if one_seed else (math.nan, math.nan)
-
-
-def _throughput(rows: list[Row]) -> pd.DataFrame:
-    """Per (row, optimizer), over every run of every point: the median over runs of each run's
-    median training tokens/s (each run counts once, however many lines it logged), its min and max,
-    the median MFU and data wait the same way, and the peak memory."""
-    lines = [
-        {"row": row.name, "optim": name, "run": k, **{m: x.get(m) for m in THROUGHPUT}}
-        for row in rows
-        for name, g in row.groups.items()
-        for k, r in enumerate(g.table["run"])
-        for x in r.train
-    ]
-    t = pd.DataFrame(lines, columns=["row", "optim", "run", *THROUGHPUT])
-    t[list(THROUGHPUT)] = t[list(THROUGHPUT)].apply(pd.to_numeric, errors="coerce")
-    medians = {"tps": ("tokens_per_s", "median"), "mfu": ("mfu", "median"), "wait": ("data_wait_frac", "median")}
-    per_run = t.groupby(["row", "optim", "run"], sort=False).agg(**medians, mem=("peak_mem_gib", "max"))
-    per_run = per_run[per_run["tps"].notna()]
-    spread = {"median": ("tps", "median"), "min": ("tps", "min"), "max": ("tps", "max")}
-    rest = {"mfu": ("mfu", "median"), "mem": ("mem", "max"), "wait": ("wait", "median")}
-    return per_run.groupby(["row", "optim"], sort=False).agg(runs=("tps", "size"), **spread, **rest)

@@ -1,7 +1,6 @@
 """report.md: the preamble, the top (report/headline.py), then the details: every group's final loss
-beside the paper's, LR sensitivity, curves, downstream accuracy,
-hyperparameters, throughput and the runs that did not finish. Every number comes from the `Report`
-(report/analysis.py)."""
+beside the paper's, LR sensitivity, curves, downstream accuracy, hyperparameters and the runs that
+did not finish. Every number comes from the `Report` (report/analysis.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from report.stats import compare
 
 NO_TRUST_RATIO = ("muon", "muon_moonlight")  # orscale.variants: denominator "none" (no r, no clipping)
 ELEMENTWISE = ("adamw", "cbp", "lamb", "lars")  # no Newton–Schulz: the Muon family's settings do not apply
-THROUGHPUT_CELLS = (("mfu", ".3f"), ("mem", ".2f"), ("wait", ".3f"))  # median MFU, peak memory, data wait
 # (key, label, applies to: "" every optimizer, "muon" the Muon family, "trust" its trust ratios)
 _HYPER = """\
 optim.weight_decay | weight decay |
@@ -58,7 +56,9 @@ def render(rep: Report, pngs: dict[str, str]) -> str:
         "",
     ]
     out += headline.render(rep, pngs) + _paper_table(rep) + _lr_sensitivity(rep, pngs)
-    out += _curves(pngs) + _downstream(rep, pngs) + _hyperparameters(rep) + _throughput(rep) + _unfinished(rep)
+    out += ["## Curves", "", f"![val loss vs tokens]({pngs['curves']})", ""]
+    out += [f"![Muon-family diagnostics per matrix class]({pngs['diag']})", ""]
+    out += _downstream(rep, pngs) + _hyperparameters(rep) + _unfinished(rep)
     return "\n".join(out)
 
 
@@ -126,12 +126,6 @@ def _lr_sensitivity(rep: Report, pngs: dict[str, str]) -> list[str]:
             body.append([opt_name(name), "; ".join(cells), note if g.status == "done" else f"{note}; {g.status}"])
         out += [f"### {row.name}", ""] + table(["optimizer", "points tried (loss, runs)", "note"], body) + [""]
     return out + [f"![loss vs LR]({pngs['lr']})", ""]
-
-
-def _curves(pngs: dict[str, str]) -> list[str]:
-    out = ["## Curves", "", f"![val loss vs tokens]({pngs['curves']})", ""]
-    out += [f"![Muon-family diagnostics per matrix class]({pngs['diag']})", ""]
-    return out
 
 
 def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
@@ -211,33 +205,6 @@ def _hyperparameters(rep: Report) -> list[str]:
         "",
     ]
     return out + table(["setting", "key", *[opt_name(n) for n in names]], body) + [""]
-
-
-def _throughput(rep: Report) -> list[str]:
-    body = []
-    for row in rep.rows:
-        for name in order(row.groups):
-            t = rep.throughput.loc[(row.name, name)] if (row.name, name) in rep.throughput.index else None
-            if t is None:  # no run logged tokens/s
-                body.append([row.name, opt_name(name), str(len(row.groups[name].table)), "—", "n/a", "n/a", "n/a"])
-                continue
-            cells = [format(t[k], spec) if math.isfinite(t[k]) else "n/a" for k, spec in THROUGHPUT_CELLS]
-            body.append([row.name, opt_name(name), str(int(t["runs"])), f"{t['median']:,.0f}", *cells])
-    out = [
-        "## Throughput",
-        "",
-        "**Caveat:** runs of a sweep on a shared machine ran concurrently with each other and with other work; "
-        "tokens/s differences between runs reflect the machine's load at the time, not optimizer speed.",
-        "",
-    ]
-    out += table(["row", "optimizer", "runs", "median tokens/s", "median MFU", "peak mem GiB", "data wait"], body)
-    return out + [
-        "",
-        "Each run's median over ~64 evenly spaced logged steps, then the median over the row's runs (all LRs and "
-        "seeds; each run counts once); MFU and memory are n/a where the logs do not carry them (MFU is null on "
-        "CPU).",
-        "",
-    ]
 
 
 def _unfinished(rep: Report) -> list[str]:

@@ -225,14 +225,6 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
     protocols: dict[str, dict[str, Group]] = field(default_factory=dict)
 
     @property
-    def flops_per_token(self) -> float | None:
-        """Training FLOPs per token as models.gpt.GPT.flops_per_token counts them: 6 × every
-        parameter (the tied output layer is a matmul) + 12·L·d·T for attention's QKᵀ and AV."""
-        if self.n_total is None or self.n_layer is None or self.d_model is None:
-            return None
-        return 6.0 * self.n_total + 12.0 * self.n_layer * self.d_model * self.seq_len
-
-    @property
     def short(self) -> str:
         made = "" if self.schedule == "cosine" else f" ({self.schedule})"
         return f"{self.sweep_scale}{made}" if self.sweep_scale else self.name

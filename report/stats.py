@@ -32,9 +32,8 @@ class Comparison:
     p: float | None  # two-sided; None when undefined (zero variance)
     t: float | None
     df: float | None
-    paired: bool
+    paired: bool  # True: a paired t-interval and test; False: Welch's
     n: int  # pairs (paired) or the smaller group's size
-    ci_method: str = "t"  # "t": paired t-interval, "welch": Welch t-interval
     p_holm: float | None = None  # Holm-adjusted over the headline's tests; None outside that family
 
     @property
@@ -74,16 +73,8 @@ def compare(a: dict[int, float], b: dict[int, float]) -> Comparison | None:
         return Comparison(diff, (diff, diff), None, None, float(n - 1) if paired else None, paired, n)
     res = stats.ttest_rel(xa, xb) if paired else stats.ttest_ind(xa, xb, equal_var=False)
     ci = res.confidence_interval(0.95)
-    return Comparison(
-        diff=diff,
-        ci=(float(ci.low), float(ci.high)),
-        p=min(1.0, float(res.pvalue)),
-        t=float(res.statistic),
-        df=float(res.df),
-        paired=paired,
-        n=n,
-        ci_method="t" if paired else "welch",
-    )
+    p, t, df = min(1.0, float(res.pvalue)), float(res.statistic), float(res.df)
+    return Comparison(diff, (float(ci.low), float(ci.high)), p, t, df, paired, n)
 
 
 def holm(pvals: Sequence[float | None]) -> list[float | None]:

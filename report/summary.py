@@ -57,7 +57,7 @@ def summary(rep: Report) -> dict[str, Any]:
     for row in rep.rows:
         rows.append(dict(name=row.name, label=row.label, scale=row.sweep_scale, steps=row.steps))
         rows[-1] |= dict(tokens_per_step=row.tokens_per_step, tokens=row.tokens, non_embedding_params=row.n_params)
-        rows[-1] |= dict(params=row.n_total, flops_per_token=row.flops_per_token, paper_scale=row.paper_scale)
+        rows[-1] |= dict(params=row.n_total, paper_scale=row.paper_scale)
         rows[-1] |= dict(family=row.family, groups={name: group_json(g, root) for name, g in row.groups.items()})
     scaling = rep.scaling
     return {
