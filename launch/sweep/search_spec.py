@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launch.nested import unknown_key
+from launch.sweep.spec_values import check_keys, integer
 from launch.sweep.spec_values import fail as _fail
 from launch.sweep.spec_values import lrs as _lrs
 
@@ -35,14 +35,9 @@ def parse_search(raw: Any) -> LrSearch | None:
         return None
     if not isinstance(raw, dict) or "seed" not in raw:
         _fail(f"'lr_search' must be a mapping with a 'seed' (and optional max_extra, factor), got {raw!r}")
-    bad = sorted(set(map(str, raw)) - set(SEARCH_KEYS))
-    if bad:
-        _fail(unknown_key("lr_search key", bad[0], SEARCH_KEYS))
-    seed, extra, factor = raw["seed"], raw.get("max_extra", 2), raw.get("factor")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        _fail(f"lr_search.seed must be an integer, got {seed!r}")
-    if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
-        _fail(f"lr_search.max_extra must be an integer >= 0, got {extra!r}")
+    check_keys(raw, SEARCH_KEYS, "lr_search key")
+    seed, extra = integer(raw["seed"], "lr_search.seed"), integer(raw.get("max_extra", 2), "lr_search.max_extra", 0)
+    factor = raw.get("factor")
     if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
         _fail(f"lr_search.factor must be a number > 1, got {factor!r}")
     shared = raw.get("shared", False)
@@ -60,13 +55,8 @@ def _adamw_search(raw: Any) -> tuple[tuple[float, ...], int]:
         return (), 1
     if not isinstance(raw, dict) or "ratios" not in raw:
         _fail(f"lr_search.adamw_lr must be a mapping with 'ratios' (and optional rounds), got {raw!r}")
-    bad = sorted(set(map(str, raw)) - set(ADAMW_SEARCH_KEYS))
-    if bad:
-        _fail(unknown_key("lr_search.adamw_lr key", bad[0], ADAMW_SEARCH_KEYS))
+    check_keys(raw, ADAMW_SEARCH_KEYS, "lr_search.adamw_lr key")
     ratios = _lrs(raw["ratios"], "lr_search.adamw_lr.ratios")
     if any(math.isclose(r, 1.0) for r in ratios):
         _fail("lr_search.adamw_lr.ratios: 1 is the shared protocol's point, already run; list the others")
-    rounds = raw.get("rounds", 1)
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        _fail(f"lr_search.adamw_lr.rounds must be an integer >= 1, got {rounds!r}")
-    return tuple(ratios), rounds
+    return tuple(ratios), integer(raw.get("rounds", 1), "lr_search.adamw_lr.rounds", 1)

@@ -37,9 +37,10 @@ from typing import Any
 import yaml
 
 from data.paths import PROJECT_ROOT as ROOT
-from launch.nested import dotted_get, load_yaml, unknown_key, yaml_problem
+from launch.nested import dotted_get, load_yaml, yaml_problem
 from launch.sweep.search_spec import LrSearch, parse_search
 from launch.sweep.spec_values import SpecError as SpecError  # raised here; callers catch it from spec
+from launch.sweep.spec_values import check_keys
 from launch.sweep.spec_values import fail as _fail
 from launch.sweep.spec_values import lrs as _lrs
 from records.points import Point, adamw_override, point, run_name
@@ -260,9 +261,7 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(f"sweep file '{path}' is not valid YAML at {yaml_problem(err)}")
     if not isinstance(doc, dict):
         _fail(f"sweep file '{path}' must hold a mapping (base, runs_dir, scales, optimizers, lrs, seeds)")
-    unknown = sorted(set(map(str, doc)) - set(TOP_KEYS))
-    if unknown:
-        _fail(unknown_key("sweep key", unknown[0], TOP_KEYS))
+    check_keys(doc, TOP_KEYS, "sweep key")
     for key in ("base", "runs_dir", "scales", "optimizers"):
         if key not in doc:
             _fail(f"sweep file '{path}' lacks '{key}'")
@@ -278,31 +277,30 @@ def load_sweep(path: str | Path) -> Sweep:
     slurm = doc.get("slurm") or {}
     if not isinstance(slurm, dict):
         _fail(f"'slurm' must be a mapping ({', '.join(SLURM_KEYS)}), got {slurm!r}")
-    bad = sorted(set(map(str, slurm)) - set(SLURM_KEYS))
-    if bad:
-        _fail(unknown_key("slurm key", bad[0], SLURM_KEYS))
+    check_keys(slurm, SLURM_KEYS, "slurm key")
 
     search = parse_search(doc.get("lr_search"))
     sweep = Sweep(path=path, runs_dir=runs_dir, seeds=list(seeds), search=search, slurm=slurm)
     scales = _scales(doc["scales"], base)
     labels = {sc["label"] for sc in scales}
+    optimizers = _optimizers(doc["optimizers"])
+    for opt in optimizers:
+        if opt["lr_from"] is not None:
+            if search is None:
+                _fail(f"optimizer '{opt['label']}': lr_from needs lr_search (the best LRs come from a search)")
+            source = next((o for o in optimizers if o["label"] == opt["lr_from"]), None)
+            if source is None or source is opt or source["lr_from"] is not None:
+                _fail(
+                    f"optimizer '{opt['label']}': lr_from names '{opt['lr_from']}', not another searched "
+                    "optimizer of this sweep"
+                )
     for scale in scales:
         if scale["lr_from"] is not None:
             if search is None:
                 _fail(f"scale '{scale['label']}': lr_from needs lr_search (the best LR comes from a search)")
             if scale["lr_from"] not in labels or scale["lr_from"] == scale["label"]:
                 _fail(f"scale '{scale['label']}': lr_from names '{scale['lr_from']}', not another scale of this sweep")
-        optimizers = _optimizers(doc["optimizers"])
         for opt in optimizers:
-            if opt["lr_from"] is not None:
-                if search is None:
-                    _fail(f"optimizer '{opt['label']}': lr_from needs lr_search (the best LRs come from a search)")
-                source = next((o for o in optimizers if o["label"] == opt["lr_from"]), None)
-                if source is None or source is opt or source["lr_from"] is not None:
-                    _fail(
-                        f"optimizer '{opt['label']}': lr_from names '{opt['lr_from']}', not another searched "
-                        "optimizer of this sweep"
-                    )
             s_lrs = scale["lrs"]
             lrs = (
                 (s_lrs.get(opt["label"]) if isinstance(s_lrs, dict) else None)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from launch.nested import unknown_key
 
 
 class SpecError(ValueError):
@@ -27,3 +30,17 @@ def lrs(raw: Any, where: str) -> list[float]:
             fail(f"{where}: learning rate {v!r} must be a positive number")
         out.append(f)
     return out
+
+
+def check_keys(raw: dict, allowed: Sequence[str], what: str) -> None:
+    """One line naming the first key of `raw` that is not in `allowed`, with the nearest valid one."""
+    bad = sorted(set(map(str, raw)) - set(allowed))
+    if bad:
+        fail(unknown_key(what, bad[0], allowed))
+
+
+def integer(raw: Any, where: str, minimum: int | None = None) -> int:
+    """`raw` as a YAML integer (not a bool), at least `minimum` when given."""
+    if not isinstance(raw, int) or isinstance(raw, bool) or (minimum is not None and raw < minimum):
+        fail(f"{where} must be an integer{f' >= {minimum}' if minimum is not None else ''}, got {raw!r}")
+    return raw

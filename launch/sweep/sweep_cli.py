@@ -32,10 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print every command (and job script); write nothing")
     p.add_argument("--submit", action="store_true", help="one Slurm job script per cell, submitted with sbatch")
     p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="processes (GPUs) per node for each cell; local default 1, Slurm default slurm.gpus_per_node or 8",
+        "--nproc", type=int, help="processes (GPUs) per node per cell; local default 1, Slurm: slurm.gpus_per_node or 8"
     )
     p.add_argument(
         "--jobs",
@@ -44,9 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="local cells run at once, each as its own process with cpu_count/jobs threads (default 1: one "
         "after another, in this process where it can)",
     )
-    p.add_argument(
-        "--only", default=None, help="run the cells whose id (scale/optim/lrX-seedY) matches this glob (or contains it)"
-    )
+    p.add_argument("--only", help="run the cells whose id (scale/optim/lrX-seedY) matches this glob (or contains it)")
     return p.parse_args(argv)
 
 
@@ -136,11 +131,8 @@ def _run_all(sweep: Sweep, args: argparse.Namespace, nproc: int, summary: list[t
                 if _record(summary, c, run_local(c, nproc), time.perf_counter() - t0):
                     return True
             else:
-                running[c.id] = (
-                    c,
-                    start_cell(c, nproc, threads=max(1, (os.cpu_count() or 1) // args.jobs)),
-                    time.perf_counter(),
-                )
+                threads = max(1, (os.cpu_count() or 1) // args.jobs)
+                running[c.id] = (c, start_cell(c, nproc, threads=threads), time.perf_counter())
         if running:
             done = _wait_any(running)
             c, proc, t0 = running.pop(done)
