@@ -1,5 +1,5 @@
-"""The launcher: composes `models`, `data`, `orscale`, `evals` and `report` into runs, and sits on top
-of them (nothing below imports it). Rooms by concern:
+"""The launcher: composes `models`, `data`, `orscale`, `evals` and `records` into runs, and sits on top
+of them (nothing below imports it; `report` only through the old command name below). Rooms by concern:
 
     config.py, errors.py, nested.py   the run config (YAML + dotted overrides), user errors, dotted keys
     loop.py                           train(cfg): setup, then the loop; `python train.py` is its main

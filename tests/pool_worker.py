@@ -6,7 +6,6 @@ sent, each in a process group of its own, and puts the process back as it found 
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import gc
 import logging
@@ -21,15 +20,11 @@ import warnings
 from multiprocessing.connection import Client
 from typing import Any
 
+from launch.launcher.parent_death import ask_for_death_signal
+
 PRISTINE: dict[str, dict[str, Any]] = {}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 GROUP_TIMEOUT = datetime.timedelta(seconds=300)  # below the pool's job timeout: a hang raises here first
-
-
-def _die_with_parent() -> None:
-    """The pool's parent is pytest: if it dies, so does this worker (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))
 
 
 class _Snapshot:
@@ -163,7 +158,7 @@ def _run_job(
 
 
 def main() -> None:
-    _die_with_parent()
+    ask_for_death_signal()  # the pool's parent is pytest: if it dies, so does this worker
     host, port, rank, nproc = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:5])
     conn = Client((host, port), authkey=bytes.fromhex(os.environ.pop("ORSCALE_POOL_AUTHKEY")))
     conn.send(rank)
