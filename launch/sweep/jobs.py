@@ -29,6 +29,11 @@ def in_process(cell: Cell, nproc: int) -> bool:
     return nproc == 1 and cell.value("parallel.backend", "none") == "none"
 
 
+def _child_env() -> dict[str, str]:
+    """This environment with the project root first on PYTHONPATH (a cell runs from the root)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def cell_state(cell: Cell) -> tuple[bool, float | None]:
     """(finished, final val loss) of a cell's run directory."""
     steps = cell.value("train.max_steps")
@@ -55,13 +60,12 @@ def run_local(cell: Cell, nproc: int) -> int:
             return 1
         finally:
             sys.argv = sweep_argv
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run(argv, cwd=ROOT, env=env).returncode
+    return subprocess.run(argv, cwd=ROOT, env=_child_env()).returncode
 
 
 def start_cell(cell: Cell, nproc: int, threads: int) -> subprocess.Popen:
     """Start a cell as a process of its own (the sweep's --jobs), its output to <run dir>/sweep.out."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = _child_env()
     env.setdefault("OMP_NUM_THREADS", str(threads))
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     log = open(cell.run_dir / "sweep.out", "ab")  # the child keeps its own copy of the descriptor
