@@ -23,7 +23,9 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from launch.checkpoint.portable import check_checkpoint_layout
 from launch.config import ParallelConfig, TrainConfig
+from launch.errors import ConfigError
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 from models import GPT, GPTConfig
 from models.centered_linear import update_means
@@ -69,8 +71,12 @@ class Engine(ABC):
 
     @staticmethod
     def check_checkpoint(path: Path, world_size: int) -> None:
-        """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`."""
-        return  # a hook, as above
+        """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`: every engine
+        reads either layout at any world size (launch.checkpoint.portable), so only the layout is checked."""
+        try:
+            check_checkpoint_layout(path)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def autocast(self) -> AbstractContextManager:
         if self.dtype == torch.float32:
