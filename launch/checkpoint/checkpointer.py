@@ -44,11 +44,6 @@ class SaveError(UserError):
     """A checkpoint could not be written (full disk, quota, permission, read-only file system)."""
 
 
-def _intact(path: Path) -> bool:
-    """Whether a published checkpoint's files still match its manifest (sizes and checksums)."""
-    return verify_manifest(path) is None
-
-
 class ShardedPart(Protocol):
     def save(self, directory: Path) -> None: ...  # collective: every rank calls it
 
@@ -263,7 +258,7 @@ class Checkpointer:
         damaged one (a resume from an earlier checkpoint) is moved aside, never deleted."""
         if not final.exists():
             return
-        if is_complete(final) and _intact(final):
+        if is_complete(final) and verify_manifest(final) is None:  # intact: its files match its manifest
             shutil.rmtree(final)
             return
         aside = final.with_name(f"{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")

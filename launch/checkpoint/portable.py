@@ -83,7 +83,8 @@ def read_optimizer_state(path: Path, shapes: dict[str, torch.Size]) -> LogicalSt
     """Every parameter's optimizer state, whole, by (canonical) parameter name. `shapes`: the
     parameters' shapes by canonical name (a ZeRO checkpoint stores flat pieces)."""
     if checkpoint_kind(path) == "zero":
-        saved_names = _zero_names(path)
+        with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
+            saved_names = list(fh.keys())  # the parameter names this ZeRO checkpoint uses
         named = {saved: shapes[canonical_name(saved)] for saved in saved_names if canonical_name(saved) in shapes}
         return {canonical_name(k): v for k, v in read_logical_state(path / "zero", named).items()}
     out: LogicalState = {}
@@ -91,12 +92,6 @@ def read_optimizer_state(path: Path, shapes: dict[str, torch.Size]) -> LogicalSt
         name, leaf = key[len(STATE) :].rsplit(".", 1)
         out.setdefault(name, {})[leaf] = value
     return out
-
-
-def _zero_names(path: Path) -> list[str]:
-    """The parameter names a ZeRO checkpoint uses (those of model.safetensors)."""
-    with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
-        return list(fh.keys())
 
 
 def calibration_constants(path: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:

@@ -1,13 +1,6 @@
 """The one training-engine interface. Each parallelism backend implements it in a class of its own
 (`torch_engine.TorchEngine`: none | ddp | fsdp; `deepspeed_engine.DeepSpeedEngine`: zero1 | zero2),
-so the training loop holds no backend branch:
-
-    engine = engine_class(parallel.backend)(model_cfg, parallel, optim, train, env, dtype, accum_steps)
-    for micro in range(accum_steps):
-        loss = engine.forward_backward(batch, last_micro_batch=micro == accum_steps - 1)
-    grad_norm = engine.step(lr)          # clip the raw gradients, set lr, update; no host sync
-    engine.diagnostics()                 # collective, on logging steps
-    engine.save(dir) / engine.load(dir)  # a sharded checkpoint part (collective)
+so the training loop (`launch.loop`) holds no backend branch; one batch through it: ARCHITECTURE.md, "One batch".
 """
 
 from __future__ import annotations
@@ -34,10 +27,8 @@ from orscale import OptimConfig
 
 class Engine(ABC):
     """A model with its optimizers and parallelism. `module` is what forward runs on (for
-    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype.
-
-    Every engine is built from the same sections of the run config: the resolved model, `parallel:`,
-    `optim:` and `train:` (seed, micro-batch size, spike guard)."""
+    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype. Every engine is built
+    from the same sections of the run config: the resolved model, `parallel:`, `optim:` and `train:`."""
 
     module: nn.Module
 

@@ -87,10 +87,7 @@ def forwards_per_rank(prepared: Sequence[Prepared], world_size: int) -> int:
 
 
 def score_prepared(
-    logprobs: LogProbFn,
-    prepared: Sequence[Prepared],
-    env: DistEnv,
-    on_forward: Callable[[], None] | None = None,
+    logprobs: LogProbFn, prepared: Sequence[Prepared], env: DistEnv, on_forward: Callable[[], None] | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[DocResult]]]:
     """(summary per task, this rank's per-doc results per task). Collective: every rank makes the
     same forward calls, then ONE all-reduce carries every task's counts. `on_forward`: called after
