@@ -89,9 +89,8 @@ def export_hf(
         hf_tok.save_pretrained(tmp)
         # 5.x writes "TokenizersBackend", a name 4.x readers lack; the classic name loads in both.
         tc = tmp / "tokenizer_config.json"
-        tc.write_text(
-            json.dumps({**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
-        )
+        config = {**json.loads(tc.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}
+        tc.write_text(json.dumps(config, indent=2))
         # safetensors writes the weights through a temporary file (0600) renamed into place: give them
         # the mode the umask gave the files written plainly (config.json), as every other file has.
         mode = stat.S_IMODE((tmp / "config.json").stat().st_mode)
@@ -143,15 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_out_dir(Path(args.out), args.overwrite)  # before the (possibly long) checkpoint read
         state_dict, cfg, tokenizer, _ = load_gpt(args.checkpoint)
-        tokenizer = str(resolve_path(tokenizer))
-        out = export_hf(
-            state_dict,
-            cfg,
-            tokenizer,
-            args.out,
-            overwrite=args.overwrite,
-            dtype=getattr(torch, args.dtype) if args.dtype else None,
-        )
+        dtype = getattr(torch, args.dtype) if args.dtype else None
+        out = export_hf(state_dict, cfg, str(resolve_path(tokenizer)), args.out, overwrite=args.overwrite, dtype=dtype)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,18 +1,10 @@
-"""Checkpoints written while training goes on (`run.async_save`): the pieces the checkpointer needs.
+"""Checkpoints written while training goes on (`run.async_save`): what the checkpointer needs for the two halves
+(staging at the step, then a thread per rank that writes and publishes), as docs/running.md, "Checkpoints written in
+the background" describes. The thread's collectives run on a process group of their own (`writer_group`), so they
+never interleave with the training step's collectives on the default one.
 
-A background save has two halves. At the step, every part copies its state to host memory (the
-*staging*: `HostStager` inside DCP's `async_save` for the PyTorch-native engines, `host_copy` for
-ZeRO's files; pinned memory when the state is on a GPU) and the ranks agree that every rank staged. Then one
-thread per rank (`BackgroundWrite`) writes the host copy, and, once every rank's write is done,
-publishes the checkpoint exactly as a synchronous save does (manifest, meta.json, rename, `latest`,
-prune): until then it is a `.tmp_step_N/` directory that no resume ever reads. The thread's
-collectives (DCP's planning, the agreement, the final barrier) run on a process group of their own
-(`writer_group`), so they never interleave with the training step's collectives on the default one.
-
-Test-only: `ORSCALE_TEST_ASYNC_WRITE_DELAY=STEP:SECONDS` makes the background write of the
-checkpoint of step STEP wait SECONDS after its files are written and before it is published (the
-worst moment for a kill -9), so a test can kill a run while that write is in flight. Nothing else
-reads it; unset, it costs one environment lookup per background save.
+Test-only: `ORSCALE_TEST_ASYNC_WRITE_DELAY=STEP:SECONDS` holds the write of step STEP that long after its files are
+written and before it is published (the worst moment for a kill -9); unset, it costs one environment lookup.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Checkpoints made of parts that save and load themselves (torchtitan's way): atomic, bounded,
 elastic. The checkpointer never looks inside a part; it only orders the writes, publishes the
-result atomically and finds complete checkpoints again.
+result atomically and finds complete checkpoints again (the layout: ARCHITECTURE.md, "One
+checkpoint"; background saves: `launch.checkpoint.async_writer`).
 
-Two kinds of part:
-  * a *sharded* part writes its own files into the step directory, collectively on every rank —
-    the engine (model + optimizers: `dcp/` through `torch.distributed.checkpoint`, or, for ZeRO,
-    `zero/rank{r}.safetensors` of optimizer state by parameter name plus `model.safetensors`);
-  * a *per-rank* part gives a small `state_dict()` (loader position, step and RNG); every rank's
-    states go into `rank{r}.pt`, and on load the part receives the states of *every* saving rank
-    (`load_rank_states`), so it can merge them when the world size changed.
-
-Layout of `checkpoints/step_NNNNNNNN/`: the sharded parts' files, `rank{r}.pt`, `manifest.json`
-(every file's size and checksum) and `meta.json` (step, tokens, world size, resolved config, git
-commit; written last). Everything is written under `.tmp_step_N/` and renamed when complete, so a
-crash mid-save never leaves a broken checkpoint; `latest` names the newest complete one. A
-background save (`run.async_save`) only stages the parts at its step and lets a thread write and
-then publish them by the same steps (`launch.checkpoint.async_writer`): what is visible is complete,
-whichever way it was written. Nothing read from a checkpoint can run code: per-rank files load with
-`torch.load(weights_only=True)`, DCP through `launch.checkpoint.dcp_safe` (an allow-listed
-unpickler for its metadata), ZeRO's state through safetensors.
+A *sharded* part (the engine) writes its own files into the step directory, collectively on every
+rank; a *per-rank* part gives a small `state_dict()` (loader position, step and RNG) and on load
+receives the states of *every* saving rank (`load_rank_states`), so it can merge them when the
+world size changed. Nothing read from a checkpoint can run code: per-rank files load with
+`torch.load(weights_only=True)`, DCP through `dcp_safe`, ZeRO's state through safetensors.
 """
 
 from __future__ import annotations
@@ -53,11 +42,6 @@ FORMAT = 3
 
 class SaveError(UserError):
     """A checkpoint could not be written (full disk, quota, permission, read-only file system)."""
-
-
-def _intact(path: Path) -> bool:
-    """Whether a published checkpoint's files still match its manifest (sizes and checksums)."""
-    return verify_manifest(path) is None
 
 
 class ShardedPart(Protocol):
@@ -274,7 +258,7 @@ class Checkpointer:
         damaged one (a resume from an earlier checkpoint) is moved aside, never deleted."""
         if not final.exists():
             return
-        if is_complete(final) and _intact(final):
+        if is_complete(final) and verify_manifest(final) is None:  # intact: its files match its manifest
             shutil.rmtree(final)
             return
         aside = final.with_name(f"{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from typing import IO, Any
 
 import torch
@@ -89,4 +90,6 @@ def dcp_load(state: dict[str, Any], directory: str) -> None:
     """`torch.distributed.checkpoint.load` of `state` from `directory`, without unpickling code."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner())
+    with warnings.catch_warnings():  # "assuming a single process": intended where no group exists
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner())

@@ -45,11 +45,7 @@ class ModelAndOptimizers:
             async_stager=self._stager,
         )
         assert isinstance(written, Future)  # an AsyncSaveResponse only for a stager that returns a Future
-
-        def wait_for_write() -> None:
-            written.result()  # DCP's exception (CheckpointException), if any, raised on the writer thread
-
-        return wait_for_write
+        return written.result  # waits; DCP's exception (CheckpointException), if any, raised on the writer thread
 
     def load(self, directory: Path) -> None:
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)

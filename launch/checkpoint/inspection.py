@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +99,7 @@ def load_gpt(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str,
     problem = check_loadable(found)
     if problem is not None:
         raise UserError(f"checkpoint '{found}' is damaged: {problem}")
-    with warnings.catch_warnings():  # "assuming ... a single process": exactly what we want
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        load_model_weights(found, model)
+    load_model_weights(found, model)
     try:
         tokenizer = str(meta["config"]["data"]["tokenizer"])
     except (KeyError, TypeError):

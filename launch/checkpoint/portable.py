@@ -1,19 +1,11 @@
-"""Checkpoints that move between backends: any engine resumes any other engine's checkpoint.
-
-Two on-disk layouts exist, each the natural one of its engines and each loadable at any world size:
-`dcp/` (one process, DDP, FSDP2: `torch.distributed.checkpoint`, sharded DTensors) and `zero/` +
-`model.safetensors` (ZeRO-1/2: optimizer state by parameter name, pieces of flat partitions and
-whole owner tensors). Both read back here as one *logical* state — every parameter's weights and
-optimizer state (momentum, calibration constant c, AdamW moments and step, CBP's energies ...) as
-whole tensors by fully-qualified parameter name — and each engine maps that to its own layout when
-it loads a checkpoint written by the other family. Nothing on disk changed, so every checkpoint
-ever written by this trainer (format 3) still loads. Nothing read here can run code.
-"""
+"""Checkpoints that move between backends (docs/running.md, "Checkpoints move between backends"): either on-disk
+layout, `dcp/` (one process, DDP, FSDP2) or `zero/` + `model.safetensors` (ZeRO-1/2), read back as one *logical*
+state (every parameter's weights and optimizer state as whole tensors by fully-qualified name), which each engine
+cuts into its own layout. Nothing read here can run code."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +67,7 @@ def _dcp_tensors(path: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
                 template[key] = torch.zeros(md.size, dtype=md.properties.dtype, device="cpu")
             else:
                 template[key] = None  # a non-tensor entry (an int step): DCP puts the value there
-    with warnings.catch_warnings():  # "assuming a single process": intended where no group exists
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(template, str(path / "dcp"))
+    dcp_load(template, str(path / "dcp"))
     return template
 
 
@@ -93,7 +83,8 @@ def read_optimizer_state(path: Path, shapes: dict[str, torch.Size]) -> LogicalSt
     """Every parameter's optimizer state, whole, by (canonical) parameter name. `shapes`: the
     parameters' shapes by canonical name (a ZeRO checkpoint stores flat pieces)."""
     if checkpoint_kind(path) == "zero":
-        saved_names = _zero_names(path)
+        with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
+            saved_names = list(fh.keys())  # the parameter names this ZeRO checkpoint uses
         named = {saved: shapes[canonical_name(saved)] for saved in saved_names if canonical_name(saved) in shapes}
         return {canonical_name(k): v for k, v in read_logical_state(path / "zero", named).items()}
     out: LogicalState = {}
@@ -101,12 +92,6 @@ def read_optimizer_state(path: Path, shapes: dict[str, torch.Size]) -> LogicalSt
         name, leaf = key[len(STATE) :].rsplit(".", 1)
         out.setdefault(name, {})[leaf] = value
     return out
-
-
-def _zero_names(path: Path) -> list[str]:
-    """The parameter names a ZeRO checkpoint uses (those of model.safetensors)."""
-    with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as fh:
-        return list(fh.keys())
 
 
 def calibration_constants(path: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:

@@ -1,13 +1,6 @@
 """The one training-engine interface. Each parallelism backend implements it in a class of its own
 (`torch_engine.TorchEngine`: none | ddp | fsdp; `deepspeed_engine.DeepSpeedEngine`: zero1 | zero2),
-so the training loop holds no backend branch:
-
-    engine = engine_class(parallel.backend)(model_cfg, parallel, optim, train, env, dtype, accum_steps)
-    for micro in range(accum_steps):
-        loss = engine.forward_backward(batch, last_micro_batch=micro == accum_steps - 1)
-    grad_norm = engine.step(lr)          # clip the raw gradients, set lr, update; no host sync
-    engine.diagnostics()                 # collective, on logging steps
-    engine.save(dir) / engine.load(dir)  # a sharded checkpoint part (collective)
+so the training loop (`launch.loop`) holds no backend branch; one batch through it: ARCHITECTURE.md, "One batch".
 """
 
 from __future__ import annotations
@@ -23,7 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from launch.checkpoint.portable import check_checkpoint_layout
 from launch.config import ParallelConfig, TrainConfig
+from launch.errors import ConfigError
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 from models import GPT, GPTConfig
 from models.centered_linear import update_means
@@ -32,10 +27,8 @@ from orscale import OptimConfig
 
 class Engine(ABC):
     """A model with its optimizers and parallelism. `module` is what forward runs on (for
-    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype.
-
-    Every engine is built from the same sections of the run config: the resolved model, `parallel:`,
-    `optim:` and `train:` (seed, micro-batch size, spike guard)."""
+    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype. Every engine is built
+    from the same sections of the run config: the resolved model, `parallel:`, `optim:` and `train:`."""
 
     module: nn.Module
 
@@ -69,8 +62,12 @@ class Engine(ABC):
 
     @staticmethod
     def check_checkpoint(path: Path, world_size: int) -> None:
-        """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`."""
-        return  # a hook, as above
+        """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`: every engine
+        reads either layout at any world size (launch.checkpoint.portable), so only the layout is checked."""
+        try:
+            check_checkpoint_layout(path)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def autocast(self) -> AbstractContextManager:
         if self.dtype == torch.float32:

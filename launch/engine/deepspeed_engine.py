@@ -1,24 +1,10 @@
 """The DeepSpeed ZeRO-1/2 engine (``parallel.backend`` = ``zero1`` | ``zero2``): `launch.engine.base.Engine`
-over DeepSpeed's engine. No ``no_sync``: DeepSpeed handles accumulation itself.
+over DeepSpeed's engine with ``orscale.distributed.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon
+family on whole matrices at an owner rank), so that it matches a single-process run of ``build_optimizers``.
 
-The optimizer is ``orscale.distributed.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon family
-on whole matrices at an owner rank): it matches a single-process run of ``build_optimizers``.
-DeepSpeed's own ``gradient_clipping`` stays 0; the optimizer clips the raw gradients with the
-global norm DeepSpeed computes, exactly like ``clip_grad_norm_`` in the other backends.
-
-One arithmetic across backends: DeepSpeed keeps fp32 parameters, so gradients are accumulated and
-reduced in fp32 (its bf16 mode would accumulate ZeRO-2 gradients and reduce them in bf16, while
-FSDP2 reduces in fp32 and SPEC §1 takes G in fp32); a bf16 run computes in bf16 through the same
-`torch.autocast` as the other engines. DeepSpeed's forward must be told so (`torch_autocast` in
-`ds_config`): it finds an outer CUDA autocast on and, its own off, would open an autocast with
-``enabled=False`` around the whole forward (fp32 compute on a GPU, unseen on CPU, where
-``torch.is_autocast_enabled()`` asks about CUDA). The cost is fp32 weights on every rank (ZeRO-1/2
-do not shard parameters): 4 bytes per parameter instead of 2.
-
-Checkpoints are not DeepSpeed's own (pickled per-rank partitions that load only at the size that
-wrote them): ``zero/`` holds each rank's optimizer state by parameter name in safetensors
-(``orscale.distributed.zero_checkpoint``) and ``model.safetensors`` the weights, so a ZeRO checkpoint
-resumes at any data-parallel size and either stage, and loading one unpickles nothing.
+Why fp32 parameters and reductions under bf16 autocast, and why checkpoints are safetensors by parameter name (any
+data-parallel size, either stage, nothing unpickled) rather than DeepSpeed's own: docs/choices.md, "ZeRO"; the
+forward's autocast: docs/gpu.md, issue 39 #1.
 """
 
 from __future__ import annotations
@@ -115,14 +101,19 @@ def check_zero_checkpoint(path: Path) -> dict[str, Any]:
         raise ConfigError(str(err)) from None
 
 
+def _check_names(source: Path, saved: set[str], own: set[str]) -> None:
+    if saved != own:
+        diff = sorted(saved ^ own)
+        raise ConfigError(
+            f"{source} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
+            "resume with the model config that wrote it"
+        )
+
+
 class DeepSpeedEngine(Engine):
     """A DeepSpeed ZeRO-1/2 engine around the GPT with the project's optimizers."""
 
     check_config = staticmethod(check_zero_config)
-
-    @staticmethod
-    def check_checkpoint(path: Path, world_size: int) -> None:
-        check_zero_checkpoint(path)  # any world size and stage: the state is stored by parameter name
 
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
         env, dtype, accum_steps = self.env, self.dtype, self.accum_steps
@@ -208,13 +199,7 @@ class DeepSpeedEngine(Engine):
         second whole copy of the weights)."""
         own = self.model.state_dict()  # views of the parameters and persistent buffers
         with safe_open(str(path), framework="pt", device="cpu") as fh:
-            saved = set(fh.keys())
-            if saved != set(own):
-                diff = sorted(saved ^ set(own))
-                raise ConfigError(
-                    f"{path} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
-                    "resume with the model config that wrote it"
-                )
+            _check_names(path, set(fh.keys()), set(own))
             for name, tensor in own.items():
                 tensor.copy_(fh.get_tensor(name))
 
@@ -288,12 +273,7 @@ class DeepSpeedEngine(Engine):
         weights = read_weights(directory)
         own = self.model.state_dict()
         names = {canonical_name(k): k for k in own}
-        if set(names) != set(weights):
-            diff = sorted(set(names) ^ set(weights))
-            raise ConfigError(
-                f"{directory} does not match this model ({len(diff)} tensors differ, e.g. {diff[0]}); "
-                "resume with the model config that wrote it"
-            )
+        _check_names(directory, set(weights), set(names))
         for canonical, name in names.items():
             own[name].copy_(weights[canonical])
         self.optimizer.copy_from_model(self.model)

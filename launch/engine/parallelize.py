@@ -1,6 +1,5 @@
-"""Parallelism applied from outside the model (torchtitan's way): FSDP2 (or HSDP) or DDP, activation
-checkpointing and torch.compile (per block, or the whole model with its head and loss). The model
-code never knows. Used by the engines."""
+"""Parallelism applied from outside the model (torchtitan's way), so the model code never knows: FSDP2 (or
+HSDP) or DDP, activation checkpointing and torch.compile (per block, or the whole model with its head and loss)."""
 
 from __future__ import annotations
 
@@ -32,27 +31,19 @@ def build_model(
     *,
     compile_backend: str = "inductor",
 ) -> GPT:
-    """Construct, shard (FSDP2) and initialise the GPT.
-
-    FSDP2 with `parallel.meta_init` builds on the meta device and fills each rank's shard after
-    `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank. Either way every
-    tensor's initial value depends on (seed, name) only (`GPT.init_value`), so the weights equal a
-    single-process run's at any world size and on every backend.
-
-    `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`,
-    which traces the same graphs without generating kernels).
-    """
+    """Construct, shard (FSDP2) and initialise the GPT, equal to a single-process run's at any world size
+    (docs/determinism.md). FSDP2 with `parallel.meta_init` builds on the meta device and fills each rank's
+    shard after `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank.
+    `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`, which traces
+    the same graphs without generating kernels)."""
     torch.manual_seed(seed)
-    if parallel.backend == "fsdp" and parallel.meta_init:
-        with torch.device("meta"):
-            model = GPT(model_cfg)
-        _apply(model, parallel, env, dtype, compile_backend)
+    meta_init = parallel.backend == "fsdp" and parallel.meta_init
+    with torch.device("meta" if meta_init else env.device):
+        model = GPT(model_cfg) if meta_init else GPT(model_cfg, seed=seed)
+    _apply(model, parallel, env, dtype, compile_backend)
+    if meta_init:
         model.to_empty(device=env.device)
         init_sharded(model, seed)
-        return model
-    with torch.device(env.device):
-        model = GPT(model_cfg, seed=seed)
-    _apply(model, parallel, env, dtype, compile_backend)
     return model
 
 

@@ -1,9 +1,6 @@
-"""Optional loss-spike guard (`train.skip_spikes`, OLMo-core's rule): skip the optimizer update of a
-step whose loss or gradient norm exceeds the mean + k·σ of the last N accepted steps. The data of
-a skipped step is consumed and the schedule moves on, as if the step had happened without an update.
-
-It decides on the host, so it costs one small all-reduce and one host sync per step: that is why it
-is off by default (the divergence guard, which is always on, costs none)."""
+"""Optional loss-spike guard (`train.skip_spikes`, OLMo-core's rule; docs/running.md, the table of events): skip
+the update of a step whose loss or gradient norm exceeds the mean + k·σ of the last N accepted steps. A skipped
+step's data is consumed and the schedule moves on. One host sync per step: why it is off by default."""
 
 from __future__ import annotations
 
@@ -25,12 +22,8 @@ class SpikeGuard:
 
     def is_spike(self, step_loss: Tensor, grad_norm: Tensor) -> bool:
         """Whether this step is a spike (the same answer on every rank); records accepted values."""
-        values = torch.stack(
-            [
-                step_loss.detach().float().reshape(()),
-                torch.as_tensor(grad_norm, device=step_loss.device).float().reshape(()),
-            ]
-        )
+        norm_tensor = torch.as_tensor(grad_norm, device=step_loss.device)
+        values = torch.stack([step_loss.detach().float().reshape(()), norm_tensor.float().reshape(())])
         loss, norm = (all_reduce_sum(values) / self.world_size).tolist()  # the grad norm is global already
         observed = {"loss": loss, "grad_norm": norm}
         spike = False

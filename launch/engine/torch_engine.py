@@ -15,12 +15,11 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.checkpoint.portable import check_checkpoint_layout, checkpoint_kind, read_optimizer_state, read_weights
+from launch.checkpoint.portable import checkpoint_kind, read_optimizer_state, read_weights
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, no_sync, wrap_ddp
 from launch.engine.spikes import SpikeGuard
-from launch.errors import ConfigError
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
 from orscale.factories import adamw_implementation
@@ -52,13 +51,6 @@ class TorchEngine(Engine):
     @property
     def model(self) -> GPT:
         return self._model
-
-    @staticmethod
-    def check_checkpoint(path: Path, world_size: int) -> None:
-        try:  # either layout loads here (a ZeRO one through launch.checkpoint.portable)
-            check_checkpoint_layout(path)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
 
     def _accumulating(self, last_micro_batch: bool) -> AbstractContextManager:
         return no_sync(self.module, last_micro_batch)

@@ -1,10 +1,7 @@
 """Downstream evaluation of a live model: the `eval:` tasks scored on every rank's share of the
 batches, one all-reduce for all tasks, the same numbers on every backend and world size.
 
-    summaries = score_tasks(engine.module, engine.autocast, tokenizer, cfg.eval, env, cfg.data.seq_len)
-    run_dir.write({"step": ..., "tokens": ..., **eval_metrics(summaries)})
-
-`launch.loop` calls it at the validation steps; `launch.evaluation.offline` (a checkpoint or an HF
+`launch.loop` calls `score_tasks` at the validation steps; `launch.evaluation.offline` (a checkpoint or an HF
 export, one process) uses the pieces below it (`prepare_tasks`, `score_prepared`) to also keep every example's
 log-likelihoods. The scoring itself is `evals/`; this module only adds the model and the ranks.
 """
@@ -90,10 +87,7 @@ def forwards_per_rank(prepared: Sequence[Prepared], world_size: int) -> int:
 
 
 def score_prepared(
-    logprobs: LogProbFn,
-    prepared: Sequence[Prepared],
-    env: DistEnv,
-    on_forward: Callable[[], None] | None = None,
+    logprobs: LogProbFn, prepared: Sequence[Prepared], env: DistEnv, on_forward: Callable[[], None] | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[DocResult]]]:
     """(summary per task, this rank's per-doc results per task). Collective: every rank makes the
     same forward calls, then ONE all-reduce carries every task's counts. `on_forward`: called after

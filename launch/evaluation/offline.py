@@ -1,19 +1,13 @@
 """Downstream evaluation (OLMES ranked classification) of a checkpoint or an HF export, one process.
 
-    python -m launch.evaluation --checkpoint runs/tiny --tasks hellaswag arc_easy piqa [--shots 0]
-        [--max-examples N] [--batch-size B] [--max-len L] [--out results.json] [--overwrite]
-        [--device auto|cpu|cuda] [--dtype float32|bfloat16]
+    python -m launch.evaluation --checkpoint runs/tiny --tasks hellaswag arc_easy piqa [--shots 0] [--out results.json]
     python -m launch.evaluation --hf exports/tiny-hf --tasks hellaswag
 
-(`python -m launch.evaluate`, the old name, runs the same.)
-
-`--checkpoint` takes a step directory, a checkpoints root or a run directory (its newest complete
-checkpoint); `--hf` a `launch.export` directory (or any causal LM transformers loads offline). The
-table goes to stdout, a progress bar to stderr, and a JSON file (settings, model provenance, the
-summaries and every example's log-likelihoods) to `--out`, by default
-`<run dir>/downstream/step_<N>.json` for a checkpoint and `<export dir>.downstream.json` beside an
-export. An existing output is never replaced without `--overwrite`; the file appears complete or not
-at all. Scoring is `evals/`, the same code as the loop's in-run evaluation (`launch.evaluation.downstream`).
+(`python -m launch.evaluate`, the old name, runs the same.) The table goes to stdout, a progress bar to stderr, and a
+JSON file (settings, model provenance, the summaries and every example's log-likelihoods) to `--out`, by default
+`<run dir>/downstream/step_<N>.json` for a checkpoint and `<export dir>.downstream.json` beside an export: the rest
+in docs/evaluation.md, "On a checkpoint or an HF export". Scoring is `evals/`, the same code as the loop's in-run
+evaluation (`launch.evaluation.downstream`).
 """
 
 from __future__ import annotations

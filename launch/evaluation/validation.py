@@ -13,12 +13,9 @@ from launch.runtime.process_group import DistEnv, all_reduce_sum
 
 @torch.no_grad()
 def validation_loss(engine: Engine, val: torch.Tensor, batch_size: int, env: DistEnv) -> float:
-    """Mean cross-entropy over every target token of the fixed validation set, split over ranks.
-
-    Every rank runs the same number of forward passes (a sharded model gathers weights inside
-    forward), padding its share with repeats of weight 0, so the result does not depend on the
-    world size.
-    """
+    """Mean cross-entropy over every target token of the fixed validation set, split over ranks. Every rank runs
+    the same number of forward passes (a sharded model gathers weights inside forward), padding its share with
+    repeats of weight 0, so the result does not depend on the world size."""
     engine.module.eval()
     mine = val[env.rank :: env.world_size]
     per_rank = math.ceil(len(val) / env.world_size)

@@ -1,20 +1,17 @@
-"""torchrun, with a signal path that lets preempted runs end cleanly.
+"""torchrun, with a signal path that lets preempted runs end cleanly (docs/running.md, "SIGTERM to `torchrun`"):
 
-    python -m launch.launcher --nproc_per_node=8 train.py --config configs/125m.yaml
-    (any torchrun arguments; launch/scripts/torchrun.sh and launch/scripts/slurm.sbatch use it)
+    python -m launch.launcher --nproc_per_node=8 train.py --config configs/125m.yaml   # any torchrun arguments
 
-Plain torchrun turns SIGTERM into an exception: it signals its workers, kills them 30 s later
-whatever they are doing (a checkpoint of a large model takes longer) and exits 1. Here torchrun
-ignores SIGTERM/SIGINT; this launcher forwards them to the workers, which finish their step, save
-a checkpoint and exit 0, and torchrun then exits 0 with them. A second signal kills everything.
-When Slurm signals every process of the step, the workers get it directly and torchrun ignores it.
-If this launcher is killed outright, torchrun goes with it (parent-death signal), and the workers
-go with torchrun (train.py asks for the same). torchrun runs through `launch/launcher/torchrun.py`,
-which keeps its traceback out of the way when a worker stopped on a one-line user error.
+Plain torchrun kills its workers 30 s after SIGTERM whatever they are doing (a large checkpoint takes longer). Here
+torchrun ignores SIGTERM/SIGINT and this launcher forwards them to the workers, which save and exit 0; a second
+signal kills everything; when Slurm signals every process of the step, the workers get it directly. If this launcher
+is killed outright, torchrun goes with it (parent-death signal), and the workers go with torchrun. torchrun runs
+through `launch/launcher/torchrun.py` (quiet after a user error).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -48,10 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         except psutil.NoSuchProcess:
             return
         for worker in workers:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 worker.send_signal(signal.SIGTERM if received == 1 else signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
         if received > 1:
             proc.kill()
 

@@ -1,8 +1,6 @@
-"""One writer per run directory: an exclusive `flock` on `<run.dir>/.lock`, held by rank 0 for the
-run's life and released by the kernel when the process ends however it ends (kill -9 included).
-A second launch on the same run.dir gets one line naming the holder. A start that fails before
-training removes what taking the lock created (the lock file, the directories made for it), so a
-refused launch leaves nothing the user did not have."""
+"""One writer per run directory: an exclusive `flock` on `<run.dir>/.lock`, held by rank 0 for the run's life and
+released by the kernel when the process ends however it ends (kill -9 included). A start that fails before training
+removes what taking the lock created, so a refused launch leaves nothing the user did not have."""
 
 from __future__ import annotations
 

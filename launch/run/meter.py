@@ -1,10 +1,6 @@
-"""What a training-log line measures between two logging steps, so runs compare on equal terms:
-the mean train loss (summed on the device, read once per line), throughput, MFU against the
-device's dense bf16 peak, peak memory, the share of step time spent waiting for data, and the
-Chinchilla multiple (tokens ÷ 20 × non-embedding parameters).
-
-It also watches for divergence: the first step with a non-finite loss or gradient norm is noted on
-the device every step (no host sync) and read, agreed across ranks, only when the run syncs anyway
+"""What a training-log line measures between two logging steps, so runs compare on equal terms (the keys:
+docs/running.md, `metrics.jsonl`), and the divergence watch: the first step with a non-finite loss or gradient norm
+is noted on the device every step (no host sync) and read, agreed across ranks, only when the run syncs anyway
 (logging steps) or must know (before a checkpoint is written)."""
 
 from __future__ import annotations
@@ -63,9 +59,7 @@ class StepMeter:
         self._step_loss = torch.zeros((), device=env.device)
         # First step with a non-finite [loss, gradient norm] on this rank (inf: none yet).
         self._first_bad = torch.full((2,), math.inf, dtype=torch.float64, device=env.device)
-        self._steps = 0
-        self._tokens = 0
-        self._wait = 0.0
+        self._steps, self._tokens, self._wait = 0, 0, 0.0
         self._paused = 0.0  # seconds of the window spent outside training (evaluation, checkpoints)
         self._t0 = time.perf_counter()
 

@@ -1,17 +1,8 @@
-"""What a user reaches for when a run is slow or runs out of memory: profiler traces of a window of
-steps (`train.profile`), CUDA memory snapshots of a window of steps (`train.memory_snapshot`), and
-one line, after a snapshot, when a step runs out of GPU memory.
-
-Where the files land (N: the run's step that ends the window; R: the rank):
-  * `<run.dir>/profile/step_N/rankR.json`: a chrome trace per rank and window (https://ui.perfetto.dev
-    or chrome://tracing); the training step's spans are `forward`, `backward`, `optimizer_step` and,
-    inside it, `newton_schulz` (launch/engine, orscale/newton_schulz.py);
-  * `<run.dir>/memory_snapshot/step_N/rankR.pickle`, and `memory_snapshot/oom_step_N/rankR.pickle`
-    for the step that ran out of memory: https://pytorch.org/memory_viz opens them.
-
-Windows count this launch's steps (a resumed run starts counting again), as torch.profiler.schedule
-does; the directories carry the run's step. Off (the default), the loop's one call per step returns
-at once: no profiler object exists and nothing is recorded.
+"""What a user reaches for when a run is slow or runs out of memory: profiler traces of a window of steps
+(`train.profile`), CUDA memory snapshots of a window of steps (`train.memory_snapshot`), and one line, after a
+snapshot, when a step runs out of GPU memory. Where the files land and how windows count: docs/running.md,
+"Profiles, memory snapshots, checkpoints written in the background". Off (the default), the loop's one call per
+step returns at once: no profiler object exists and nothing is recorded.
 """
 
 from __future__ import annotations

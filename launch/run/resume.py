@@ -1,17 +1,7 @@
-"""Where a run starts: a fresh run directory, or the newest complete checkpoint in it.
-
-`run.resume`: `auto` (default) resumes from the newest *intact* checkpoint of `run.dir` (one whose
-files match its manifest; a damaged newer one is skipped with a warning naming the file, and is
-never pruned or overwritten later). When checkpoints exist but none is intact, the run stops with
-one line naming the newest and the ways on, each one's failing file under it: the trainer never
-starts over on top of them. `restart` starts from step 0 and moves every checkpoint there aside
-(`checkpoints.old-<time>/`, never deleted); `none` starts fresh in a directory that holds no run; a
-path resumes from that checkpoint. `run.init_from` (a checkpoint, usually of another run directory)
-is where `auto` starts while `run.dir` holds no checkpoint of its own: a cooldown branch resumes from
-its own checkpoints once it has one, and never writes to the one it started from. A run directory
-that holds metrics but no checkpoint directory at all is restarted from step 0 only when it holds
-the same run (a requeue after a preemption before the first save); another run there is refused
-unless `run.overwrite=true`. Old metrics are always kept under a new name.
+"""Where a run starts: a fresh run directory, or the newest intact checkpoint in it. `run.resume` (auto, restart,
+none, a path), `run.init_from` and what a resume may change: docs/running.md, "Resuming, preemption, export" and
+"Schedules, and many token budgets from one run". When checkpoints exist but none is intact the run stops in one
+line: the trainer never starts over on top of them, and never deletes one.
 """
 
 from __future__ import annotations
@@ -65,13 +55,11 @@ def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
     if not isinstance(saved, dict):
         return False
     old, new = flatten({"config": saved}), flatten({"config": resolved})
-    return not [
-        k for k in set(old) | set(new) if old.get(k) != new.get(k) and not any(k.startswith(h) for h in HARMLESS)
-    ]
+    return all(old.get(k) == new.get(k) or any(k.startswith(h) for h in HARMLESS) for k in set(old) | set(new))
 
 
 def find_resume_point(run_cfg: RunConfig, resolved: dict[str, Any], run: RunDir) -> Path | None:
-    """The checkpoint this run continues from, or None for step 0 (see the module docstring).
+    """The checkpoint this run continues from, or None for step 0 (docs/running.md, "Resuming, preemption, export").
     `run_cfg`: the run's `run:` section; `resolved`: its whole config as a dict."""
     has_run = run.metrics_path.exists()
     mode = run_cfg.resume
@@ -148,10 +136,8 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> N
             f"(this one reads {FORMAT}: data addressed by piece and row); its weights still export "
             "(python -m launch.export); start a new run.dir"
         )
-    old, new = (
-        flatten({k: saved.get(k) for k in ("model", "tokenizer", "config")}),
-        flatten({k: current.get(k) for k in ("model", "tokenizer", "config")}),
-    )
+    recorded = ("model", "tokenizer", "config")
+    old, new = flatten({k: saved.get(k) for k in recorded}), flatten({k: current.get(k) for k in recorded})
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     fatal = [k for k in changed if any(k == m or k.startswith(m + ".") for m in MUST_MATCH)]
     if fatal:

@@ -1,8 +1,6 @@
-"""The run directory: resolved config, a run log with git commit and environment, metrics.jsonl,
-and the per-step logs' roll-back on a resume (`continue_at`: metrics.jsonl, windows_rank*.txt).
-
-Only rank 0 writes. Every run records what produced it (modded-nanogpt's habit), so a figure in
-a table can always be traced back to a commit and a config.
+"""The run directory, written by rank 0 only: resolved config, a run log with git commit and environment (every run
+records what produced it, modded-nanogpt's habit, so a figure can be traced back to a commit and a config),
+metrics.jsonl, and the per-step logs' roll-back on a resume (`continue_at`: metrics.jsonl, windows_rank*.txt).
 """
 
 from __future__ import annotations

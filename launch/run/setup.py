@@ -297,11 +297,9 @@ def setup_run(cfg: Config) -> Run:
     log.info(
         "model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s", params / 1e6, *shape, start
     )
-    audit = (
-        WindowAudit.resume(run_dir.path, env.rank, env.world_size, state.step)
-        if cfg.train.record_windows
-        else WindowAudit(None)
-    )
+    audit = WindowAudit(None)  # a no-op unless train.record_windows
+    if cfg.train.record_windows:
+        audit = WindowAudit.resume(run_dir.path, env.rank, env.world_size, state.step)
     meter.restart_clock()  # the set-up (a checkpoint's load included) is not training throughput
     return Run(
         cfg,

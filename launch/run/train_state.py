@@ -17,8 +17,7 @@ class TrainState:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self.step = 0
-        self.tokens = 0
+        self.step, self.tokens = 0, 0
 
     def state_dict(self) -> dict[str, Any]:
         rng = {"cpu": torch.get_rng_state()}

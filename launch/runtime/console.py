@@ -28,11 +28,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(rank: int) -> None:
-    """Console logging for the project's loggers ("orscale.*"): INFO on rank 0, warnings elsewhere.
-
-    Configures only our logger (not the root), so an embedding application or pytest keeps its
-    own handlers; idempotent across calls.
-    """
+    """Console logging for the project's loggers ("orscale.*"): INFO on rank 0, warnings elsewhere. Only our
+    logger (not the root), so an embedding application or pytest keeps its own handlers; idempotent."""
     logger = logging.getLogger("orscale")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     fmt = "%(asctime)s %(levelname)s %(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s"

@@ -1,13 +1,7 @@
-"""Hangs that end: collective timeouts, and what a timed-out collective becomes.
-
-A rank that stops answering (a hung GPU, a SIGSTOP, a host whose sockets stay half open) would keep
-every other rank waiting in its next collective for ever. Every process group gets a timeout:
-`parallel.init_timeout_s` while the run starts (rank 0 alone builds the validation set and decides
-the resume point meanwhile), `parallel.comm_timeout_s` from the first step on. Past it gloo raises
-in the waiting call, which the loop turns into one line naming the timeout and the step
-(`CommFailure`, exit status 3), and NCCL's watchdog ends the process
-(TORCH_NCCL_ASYNC_ERROR_HANDLING). The launcher's restart (torchrun --max-restarts, a Slurm requeue)
-then resumes from the newest checkpoint.
+"""Hangs that end: collective timeouts, and what a timed-out collective becomes (docs/running.md, "Hangs that
+end"). Without a timeout, a rank that stops answering would keep every other rank waiting in its next collective
+for ever; past it gloo raises in the waiting call (`CommFailure`, one line, exit status 3) and NCCL's watchdog ends
+the process, and the launcher's restart resumes from the newest checkpoint.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Process groups from torchrun's environment (NCCL on GPU, gloo on CPU) and small collectives.
-
-`torchrun`, `srun` + torchrun rendezvous, `accelerate launch` and the DeepSpeed launcher all set
-RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; nothing here depends on which one ran.
+"""Process groups from torchrun's environment (NCCL on GPU, gloo on CPU) and small collectives. `torchrun`, `srun`
++ torchrun rendezvous, `accelerate launch` and the DeepSpeed launcher all set RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT; nothing here depends on which one ran.
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ def check_backend(backend: str, world_size: int) -> None:
             f"launched with {world_size} processes but parallel.backend=none; "
             "set parallel.backend to ddp, fsdp, zero1 or zero2"
         )
-    if backend in ("zero1", "zero2"):
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed")
+    if backend in ("zero1", "zero2") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"parallel.backend={backend} needs DeepSpeed: pip install deepspeed")
     # `accelerate launch` with our shipped configs announces the backend it was set up for.
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and backend != "fsdp":
         raise ConfigError(
@@ -73,8 +71,7 @@ def init_distributed(backend: str, device_setting: str = "auto", timeout_s: floa
     check_backend(backend, world_size)
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    want = device_setting
-    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    use_cuda = device_setting == "cuda" or (device_setting == "auto" and torch.cuda.is_available())
     if use_cuda:
         if not torch.cuda.is_available():
             raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")

@@ -1,12 +1,8 @@
-"""Stalls outside collectives, reported: while a step makes no progress for `train.stall_dump_s`
-seconds (a data read that never returns, a hung file system, a collective still inside its
-timeout), every thread's stack goes to stderr, headed by one line naming the rank and the step, and
-again each `stall_dump_s` while it lasts. Nothing is stopped: a stall may end by itself.
-
-A watcher thread keeps the time and writes the header; `faulthandler.dump_traceback` takes the
-stacks, of threads that are blocked in C (a read, a lock, a collective) too. Not
-`faulthandler.dump_traceback_later` alone: its dumps are the stacks only, and would not say which
-step stalled (the watcher needs the GIL, which a blocked read or wait releases).
+"""Stalls outside collectives, reported, not ended (docs/running.md, "Hangs that end"): while a step makes no
+progress for `train.stall_dump_s`, one line naming the rank and the step, then every thread's stack on stderr, again
+each `stall_dump_s` while it lasts. A watcher thread writes the header and `faulthandler.dump_traceback` the stacks
+(of threads blocked in C too); not `faulthandler.dump_traceback_later` alone, whose dumps would not say which step
+stalled (the watcher needs the GIL, which a blocked read or wait releases).
 """
 
 from __future__ import annotations
