@@ -226,13 +226,7 @@ def _optimizers(raw: Any) -> list[dict]:
     out = []
     for label, spec in items:
         where = f"optimizers.{label}"
-        entry: dict[str, Any] = {
-            "label": _label(label, where),
-            "name": label,
-            "lrs": None,
-            "overrides": [],
-            "lr_from": None,
-        }
+        entry: dict[str, Any] = dict(label=_label(label, where), name=label, lrs=None, overrides=[], lr_from=None)
         if isinstance(spec, list):
             entry["lrs"] = _lrs(spec, where)
         elif isinstance(spec, dict):
@@ -314,17 +308,9 @@ def load_sweep(path: str | Path) -> Sweep:
                     "give 'lrs' (top level, per optimizer or per scale)"
                 )
             overrides = [*common, *scale["overrides"], *opt["overrides"], f"optim.name={opt['name']}"]
-            group = CellGroup(
-                scale["label"],
-                opt["label"],
-                scale["base"],
-                overrides,
-                list(lrs or []) if opt["lr_from"] is None else [],
-                scale["lr_from"],
-                runs_dir,
-                opt["lr_from"],
-                scale["branch_of"],
-            )
+            grid = list(lrs or []) if opt["lr_from"] is None else []  # lr_from: the source's best, no grid
+            group_args = (scale["label"], opt["label"], scale["base"], overrides, grid, scale["lr_from"], runs_dir)
+            group = CellGroup(*group_args, opt["lr_from"], scale["branch_of"])
             if len(set(group.lrs)) != len(group.lrs) or any(g.id == group.id for g in sweep.groups):
                 _fail(f"two cells share a directory under {group.id} (duplicate label or learning rate)")
             sweep.groups.append(group)
