@@ -270,7 +270,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("target", ["launcher", "process group"])
 def test_sigterm_under_the_launcher_checkpoints_and_exits_zero(tmp_path, target):
-    """launch/launcher/forwarding.py (what launch/torchrun.sh and the Slurm script run): SIGTERM to it, or to
+    """launch/launcher/forwarding.py (what launch/scripts/torchrun.sh and slurm.sbatch run): SIGTERM to it, or to
     its whole process group as a terminal or a scheduler would, ends 2 ranks with a checkpoint and
     exit status 0 (plain torchrun exits 1 and kills the workers after 30 s)."""
     import sys
