@@ -10,5 +10,6 @@ headline    report.md's top: the four answers and the protocols
 markdown    report.md: the preamble and the detail sections
 summary     summary.json, one shape per kind of object
 plots       the figures' kit and write_all; figures_training, figures_scaling: one function a figure
+fmt         numbers, intervals, optimizer names and tables as report.md writes them
 build, cli  the pipeline and the command line; paper_results.json: the paper's published numbers
 """

@@ -1,2 +1,4 @@
-"""Sweeps (`python -m launch.sweep SWEEP.yaml`): the sweep file (`spec`), running cells locally or
-as Slurm jobs (`jobs`), and the command line (`__main__`)."""
+"""Sweeps (`python -m launch.sweep SWEEP.yaml`): the sweep file (`spec`, its `lr_search` in
+`search_spec`, the value checks both use in `spec_values`), which cells can run now (`plan`),
+cooldown branches of wsd cells (`branches`), running cells locally or as Slurm jobs (`jobs`, the
+job script from `slurm`), and the command line (`sweep_cli`, run by `__main__`)."""
