@@ -64,6 +64,17 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return latest_checkpoint(path) or latest_checkpoint(path / "checkpoints")
 
 
+def require_checkpoint(path: str | Path) -> Path:
+    """`find_checkpoint`, or a one-line UserError saying what was expected at `path`."""
+    found = find_checkpoint(path)
+    if found is None:
+        raise UserError(
+            f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
+            "root with a `latest` file, or a run directory)"
+        )
+    return found
+
+
 def load_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
     """Model weights only (export, evaluation) into a plain single-process model; returns meta.
     Reads the `model.safetensors` copy of a ZeRO checkpoint, else the `model.*` entries of DCP."""
@@ -81,12 +92,7 @@ def load_gpt(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig, str,
     """(state dict, GPTConfig, tokenizer path as recorded, the step directory) of the checkpoint at
     `path` (a step directory, a checkpoints root or a run directory), checked intact first; a
     one-line UserError for what is missing or damaged."""
-    found = find_checkpoint(path)
-    if found is None:
-        raise UserError(
-            f"no checkpoint at '{path}' (expected a complete step directory, a checkpoints "
-            "root with a `latest` file, or a run directory)"
-        )
+    found = require_checkpoint(path)
     meta = read_meta(found)
     recorded = meta.get("model")
     if not isinstance(recorded, dict):

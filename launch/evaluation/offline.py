@@ -188,18 +188,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _locate(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any]]:
     """The checkpoint and its meta (cheap: before any weights are read), or (None, {}) for --hf."""
-    from launch.checkpoint import find_checkpoint, read_meta
+    from launch.checkpoint.inspection import read_meta, require_checkpoint
 
     if args.hf is not None:
         if not (args.hf / "config.json").is_file():
             raise UserError(f"'{args.hf}' is not an HF model directory (no config.json)")
         return None, {}
-    found = find_checkpoint(args.checkpoint)
-    if found is None:
-        raise UserError(
-            f"no checkpoint at '{args.checkpoint}' (expected a complete step directory, a checkpoints "
-            "root with a `latest` file, or a run directory)"
-        )
+    found = require_checkpoint(args.checkpoint)
     return found, read_meta(found)
 
 
