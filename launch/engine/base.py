@@ -25,6 +25,15 @@ from models.centered_linear import update_means
 from orscale import OptimConfig
 
 
+def checkpoint_layout(path: Path) -> dict[str, Any]:
+    """The layout of the checkpoint at `path` (either family's: every engine reads both); one-line
+    ConfigError for what no engine can load."""
+    try:
+        return check_checkpoint_layout(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 class Engine(ABC):
     """A model with its optimizers and parallelism. `module` is what forward runs on (for
     evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype. Every engine is built
@@ -64,10 +73,7 @@ class Engine(ABC):
     def check_checkpoint(path: Path, world_size: int) -> None:
         """Cheap checks that the checkpoint at `path` loads into this backend at `world_size`: every engine
         reads either layout at any world size (launch.checkpoint.portable), so only the layout is checked."""
-        try:
-            check_checkpoint_layout(path)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        checkpoint_layout(path)
 
     def autocast(self) -> AbstractContextManager:
         if self.dtype == torch.float32:

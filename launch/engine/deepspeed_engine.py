@@ -27,12 +27,11 @@ from launch.checkpoint.portable import (
     ZERO_FORMAT,
     ZERO_META,
     ZERO_TAG,
-    check_checkpoint_layout,
     read_optimizer_state,
     read_weights,
 )
 from launch.config import ParallelConfig, TrainConfig
-from launch.engine.base import Engine
+from launch.engine.base import Engine, checkpoint_layout
 from launch.engine.parallelize import build_model
 from launch.engine.spikes import SpikeGuard
 from launch.errors import ConfigError
@@ -90,15 +89,6 @@ def ds_config(
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
-
-
-def check_zero_checkpoint(path: Path) -> dict[str, Any]:
-    """The layout of the checkpoint at `path` (any backend's: this engine reads both); one-line
-    ConfigError for what it cannot load."""
-    try:
-        return check_checkpoint_layout(path)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
 
 
 def _check_names(source: Path, saved: set[str], own: set[str]) -> None:
@@ -253,7 +243,7 @@ class DeepSpeedEngine(Engine):
     def load(self, directory: Path) -> None:
         """Collective. Weights into the model and this rank's fp32 master partitions, then the
         optimizer state (moments, momentum, calibration constants) rebuilt for this world size."""
-        meta = check_zero_checkpoint(directory)
+        meta = checkpoint_layout(directory)
         if meta["kind"] == "dcp":  # written by one process, DDP or FSDP2
             self._load_logical(directory)
         else:

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from launch.config import Config
-from launch.engine.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_checkpoint, check_zero_config, ds_config
+from launch.engine.base import checkpoint_layout
+from launch.engine.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_config, ds_config
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
 from orscale.distributed.zero_layout import build_layout
@@ -127,7 +128,7 @@ def test_checkpoints_of_either_layout_load_under_every_engine_and_old_files_are_
     (tmp_path / "zero" / "meta.json").write_text(
         json.dumps({"format": FORMAT, "world_size": 2, "stage": 2, "optim": "orscale_lm"})
     )
-    assert check_zero_checkpoint(tmp_path)["world_size"] == 2
+    assert checkpoint_layout(tmp_path)["world_size"] == 2
     DeepSpeedEngine.check_checkpoint(tmp_path, 3)  # another world size is fine
     TorchEngine.check_checkpoint(tmp_path, 2)  # and another engine
     (tmp_path / "zero" / "zero_meta.json").write_text("{}")
