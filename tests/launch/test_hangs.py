@@ -126,3 +126,64 @@ def test_nccl_timeouts_end_the_process_unless_the_user_chose_otherwise(monkeypat
     warning = hangs.nccl_ends_on_timeout()
     assert warning is not None and "TORCH_NCCL_ASYNC_ERROR_HANDLING=0" in warning and "set it to 1" in warning
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # chosen: kept
+
+
+class _GroupMade(Exception):
+    """Raised by the stand-in for `init_process_group`: the environment it saw is the test's answer."""
+
+
+def _init_as_on_a_gpu_node(monkeypatch, device: str, run_dir) -> dict[str, str]:
+    """`init_distributed` as rank 3 of 8 on a node whose torch reports 8 GPUs (CUDA's answers patched
+    in); the environment its `init_process_group` call would have seen."""
+    import os
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from launch.runtime.process_group import init_distributed
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "NCCL" not in k and "FR_" not in k})
+    for key, value in {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ[key] = value
+    os.environ["MASTER_PORT"] = "29500"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(c10d, "default_pg_timeout", c10d.default_pg_timeout)  # set_default_timeout's, put back
+    monkeypatch.setattr(c10d, "default_pg_nccl_timeout", c10d.default_pg_nccl_timeout)
+    seen: dict[str, str] = {}
+
+    def made(backend, **kwargs):
+        seen.update(os.environ, BACKEND=backend)
+        raise _GroupMade
+
+    monkeypatch.setattr(dist, "init_process_group", made)
+    with pytest.raises(_GroupMade):
+        init_distributed("ddp", device, 60.0, run_dir)
+    return seen
+
+
+def test_nccl_groups_are_made_with_the_flight_recorder_dumping_beside_the_run(tmp_path, monkeypatch):
+    """A stuck NCCL collective is named by NCCL's flight recorder, not by a host stack: the NCCL path
+    turns it on (ring, dump at a timeout, dumps in the run directory) before the group exists."""
+    seen = _init_as_on_a_gpu_node(monkeypatch, "auto", tmp_path / "run")
+    assert seen["BACKEND"] == "nccl"
+    assert seen["TORCH_NCCL_TRACE_BUFFER_SIZE"] == seen["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    prefix = str((tmp_path / "run").resolve() / "nccl_trace_rank_")
+    assert seen["TORCH_FR_DUMP_TEMP_FILE"] == seen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_the_flight_recorder_keeps_a_users_settings_and_stays_off_gloo(tmp_path, monkeypatch):
+    import os
+
+    from launch.runtime.hangs import nccl_flight_recorder
+
+    monkeypatch.setattr(os, "environ", {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/fr_"})
+    assert nccl_flight_recorder(tmp_path) == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}  # the two chosen ones kept
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ
+    seen = _init_as_on_a_gpu_node(monkeypatch, "cpu", tmp_path)  # train.device=cpu on a GPU node: gloo
+    assert seen["BACKEND"] == "gloo"
+    assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in seen)
