@@ -110,14 +110,16 @@ def reshard_after_forward(setting: str | bool, shard_size: int | None = None) ->
     return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < (shard_size or world)
 
 
-def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh | None:
-    """HSDP's 2-D mesh ("replicate", "shard") of parallel.dp_replicate × dp_shard ranks (ParallelConfig
-    checked that they multiply to the world size); None for plain FSDP2, whose default mesh is the
-    1-D world (so a dp_replicate=1 run is built exactly as before HSDP existed)."""
-    if parallel.dp_replicate == 1:
-        return None
+def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh:
+    """FSDP2's mesh, on the run's device type (`train.device`, not the machine's accelerator: a CPU
+    run on a GPU node keeps a CPU mesh under its gloo group): HSDP's 2-D mesh ("replicate", "shard")
+    of parallel.dp_replicate × dp_shard ranks (ParallelConfig checked that they multiply to the
+    world size), else the 1-D world, the mesh FSDP2 would make itself (the default group, no dim name)."""
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if parallel.dp_replicate == 1:
+        return init_device_mesh(env.device.type, (dist.get_world_size(),))
     shape = (parallel.dp_replicate, parallel.dp_shard)
     return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
