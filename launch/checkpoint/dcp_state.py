@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from launch.checkpoint.async_writer import HostStager
@@ -38,9 +39,14 @@ class ModelAndOptimizers:
         DCP's asynchronous write of that copy into `directory` (its planning collectives on
         `group`); the returned function waits for the write. Collective."""
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
+        path = str(Path(directory) / "dcp")
         written = dcp.async_save(
             {"model": model_sd, "optim": optim_sd},
-            checkpoint_id=str(Path(directory) / "dcp"),
+            checkpoint_id=path,
+            # No copy-ahead: the state is on the host already, and DCP's default (10 MB) builds a
+            # loader that asks CUDA for the current stream and synchronizes it from the writer
+            # thread, whose current device is GPU 0 on every rank (a context there per rank).
+            storage_writer=FileSystemWriter(path, per_thread_copy_ahead=0),
             process_group=group,
             async_stager=self._stager,
         )

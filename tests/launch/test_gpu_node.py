@@ -4,13 +4,19 @@ that node would get.
 
 1. FSDP2's 1-D mesh takes its device type from the run (`train.device`), not the machine's
    accelerator: a CPU run on a GPU node keeps a CPU mesh under its gloo group.
+2. A background checkpoint's DCP write builds no copy-ahead loader on its writer thread: that loader
+   asks CUDA for the current stream and synchronizes it, from a thread whose device is GPU 0 on
+   every rank (a CUDA context there per rank).
 """
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
+from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.config import load_config
 from launch.engine.parallelize import build_model
 from launch.runtime.process_group import DistEnv
@@ -41,3 +47,28 @@ def _fsdp_mesh_on_a_gpu_machine(overrides: list[str]) -> tuple[str, tuple[int, .
 @pytest.mark.distributed
 def test_fsdp2_meshes_take_the_runs_device_not_the_machines_accelerator():
     assert rank_pool(2).run(_fsdp_mesh_on_a_gpu_machine, []) == [("cpu", (2,))] * 2
+
+
+def test_a_background_save_builds_no_copy_ahead_loader_on_its_writer_thread(tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import filesystem
+
+    built: list[tuple[str, int]] = []
+
+    class CopyAheadSpy(filesystem._SerialCpuLoader):
+        """Stands in for `_OverlappingCpuLoader` (whose first act asks CUDA for its current stream):
+        records where it was built and with what threshold, then loads as the CPU's loader does."""
+
+        def __init__(self, resolve_fun, stream=None, inflight_threshhold: int = 1_000_000) -> None:
+            built.append((threading.current_thread().name, inflight_threshhold))
+            super().__init__(resolve_fun)
+
+    monkeypatch.setattr(filesystem, "_OverlappingCpuLoader", CopyAheadSpy)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what DCP's writer asks before building it
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    opt.step()
+    wait = ModelAndOptimizers(model, [opt]).stage(tmp_path, None)
+    wait()
+    assert (tmp_path / "dcp" / ".metadata").is_file()  # written
+    assert built == [], f"DCP built its CUDA copy-ahead loader: {built}"
