@@ -150,7 +150,26 @@ def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:
     # `init_sync_buffers` exists, so that is kept and its warning (once per rank) is silenced here.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None, broadcast_buffers=False)
+        return DDP(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            broadcast_buffers=False,
+            # Each gradient is a view into DDP's all-reduce bucket, not a tensor of its own that the
+            # bucket copies: one full gradient less (4 bytes per parameter in fp32).
+            gradient_as_bucket_view=True,
+        )
+
+
+def drops_gradients(module: nn.Module) -> bool:
+    """`zero_grad(set_to_none=...)` for the optimizers of `module`: True (free the gradients) except
+    under DDP, whose gradients are views into its buckets (`wrap_ddp`). There they are zeroed in
+    place and kept: dropped, the next backward would make fresh gradients beside the buckets (a
+    second full gradient while micro-batches accumulate under no_sync) and copy them in at the
+    last one. Every parameter has a gradient at every DDP step (DDP requires it), so zeros and
+    None mean the same to the optimizers."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return not isinstance(module, DDP)
 
 
 def no_sync(module: nn.Module, last_micro_batch: bool) -> AbstractContextManager:

@@ -7,6 +7,8 @@ that node would get.
 2. A background checkpoint's DCP write builds no copy-ahead loader on its writer thread: that loader
    asks CUDA for the current stream and synchronizes it, from a thread whose device is GPU 0 on
    every rank (a CUDA context there per rank).
+3. DDP keeps one gradient: every gradient is a view into DDP's all-reduce buckets, from micro-batch
+   to micro-batch (no_sync) and step to step, so no second full gradient is ever allocated.
 """
 
 from __future__ import annotations
@@ -72,3 +74,47 @@ def test_a_background_save_builds_no_copy_ahead_loader_on_its_writer_thread(tmp_
     wait()
     assert (tmp_path / "dcp" / ".metadata").is_file()  # written
     assert built == [], f"DCP built its CUDA copy-ahead loader: {built}"
+
+
+def _ddp_gradient_storage(accum_steps: int, steps: int) -> list[dict]:
+    """A DDP TorchEngine stepping with `accum_steps` micro-batches: after each backward from the
+    second step on (gradients become bucket views at the first), how the gradients are stored."""
+    import torch.distributed as dist
+
+    from launch.engine.torch_engine import TorchEngine
+
+    cfg = load_config(None, ["parallel.backend=ddp", "optim.name=orscale_lm", "optim.ns_dtype=fp32"])
+    env = DistEnv(dist.get_rank(), dist.get_world_size(), 0, torch.device("cpu"), "ddp")
+    model_cfg = get_preset("tiny", **MODEL)
+    engine = TorchEngine(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps)
+    params = list(engine.model.parameters())
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    seen, first = [], None
+    for step in range(steps):
+        for micro in range(accum_steps):
+            batch = torch.randint(0, model_cfg.vocab_size, (2, 17), generator=gen)
+            engine.forward_backward(batch, last_micro_batch=micro == accum_steps - 1)
+            storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes() for p in params}
+            if step == 0:
+                continue
+            first = first or storages
+            seen.append(
+                {
+                    "views": all(p.grad._base is not None for p in params),
+                    "storages": len(storages),
+                    "bytes": sum(storages.values()),
+                    "same_as_before": storages == first,
+                }
+            )
+        engine.step(1e-3)
+    return [{**s, "params": len(params), "param_bytes": sum(p.numel() * 4 for p in params)} for s in seen]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_gradients_are_views_of_its_buckets_through_accumulation_and_steps():
+    for rank in rank_pool(2).run(_ddp_gradient_storage, 2, 3):
+        assert len(rank) == 4  # steps 2 and 3, two micro-batches each
+        for seen in rank:
+            assert seen["views"] and seen["same_as_before"], seen
+            assert seen["storages"] < seen["params"] and seen["bytes"] == seen["param_bytes"], seen
