@@ -187,3 +187,50 @@ def test_the_flight_recorder_keeps_a_users_settings_and_stays_off_gloo(tmp_path,
     seen = _init_as_on_a_gpu_node(monkeypatch, "cpu", tmp_path)  # train.device=cpu on a GPU node: gloo
     assert seen["BACKEND"] == "gloo"
     assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in seen)
+
+
+def _rank_1s_reader_fails(argv: list[str], fail_at: int) -> dict:
+    """`train.py ARGV` on the pool's ranks with rank 1's reader failing for good at the windows of
+    step `fail_at`: the error each rank stopped with, when, and when rank 1's reader failed."""
+    import os
+
+    from data import DataError
+    from data.loader import PackedLoader
+    from tests.pool_jobs import train_runs
+
+    rank, produce, calls, failed_at = int(os.environ["RANK"]), PackedLoader._produce, [0], [0.0]
+
+    def failing(self):
+        calls[0] += 1
+        if rank == 1 and calls[0] >= fail_at:
+            failed_at[0] = failed_at[0] or time.time()
+            raise DataError("stand-in: row group 3 of a.parquet could not be read after 5 attempts")
+        return produce(self)
+
+    PackedLoader._produce = failing
+    try:
+        train_runs([argv])
+    except DataError as err:
+        return {"error": str(err), "at": time.time(), "failed_at": failed_at[0]}
+    finally:
+        PackedLoader._produce = produce
+    return {"error": None}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_whose_reader_fails_stops_every_rank_at_the_step_boundary_and_saves(tmp_path):
+    """Rank 1's reader fails for good at step 3's windows with nothing queued: rank 0 must not wait
+    in step 3's collectives until parallel.comm_timeout_s (30 s here). Every rank agrees before
+    them, step 2 is saved, and each stops with one line (rank 0's names rank 1 and its read)."""
+    from launch.checkpoint import latest_checkpoint, read_meta
+    from tests.pool import rank_pool
+
+    argv = ["--config", TINY, *SMALL, "parallel.backend=ddp", "optim.name=adamw", "train.max_steps=6"]
+    argv += ["train.eval_every=0", "train.ckpt_every=0", "parallel.comm_timeout_s=30", f"run.dir={tmp_path}"]
+    argv += ["data.prefetch_steps=0"]  # read in the step: nothing queued when the read fails
+    rank0, rank1 = rank_pool(2).run(_rank_1s_reader_fails, argv, 3)
+    assert rank1["error"] == "stand-in: row group 3 of a.parquet could not be read after 5 attempts"
+    assert rank0["error"] == f"rank 1 could not read step 3: {rank1['error']}"
+    assert rank0["at"] - rank1["failed_at"] < 10, "rank 0 waited for rank 1 in a collective"  # 0.3 s here
+    assert read_meta(latest_checkpoint(tmp_path / "checkpoints"))["step"] == 2
