@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.checkpoint.portable import checkpoint_kind, read_optimizer_state, read_weights
+from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_optimizer_state, read_weights
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, drops_gradients, no_sync, wrap_ddp
@@ -97,7 +97,8 @@ class TorchEngine(Engine):
             place_loaded_state(opt)  # torch's rule with this run's flags (fused: step on p's device)
 
     def _load_logical(self, directory: Path) -> None:
-        # Written by ZeRO-1/2: whole weights and optimizer state by name, sharded here as this
-        # engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
+        # Written by ZeRO-1/2: whole weights and optimizer state by name, read on rank 0 alone and
+        # placed on every rank as this engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
         shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}
-        self._checkpoint.load_logical(read_weights(directory), read_optimizer_state(directory, shapes))
+        read = read_on_rank0(lambda: (read_weights(directory), read_optimizer_state(directory, shapes)))
+        self._checkpoint.load_logical(*(read or ({}, {})))
