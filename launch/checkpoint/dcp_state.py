@@ -69,8 +69,8 @@ class ModelAndOptimizers:
     def load_logical(self, weights: dict[str, Any], state: dict[str, Any]) -> None:
         """Whole weights and optimizer state by parameter name (another backend's checkpoint, read
         by launch.checkpoint.portable), sharded as this module's parameters are. Collective. Under a
-        process group only rank 0's are read: the other ranks pass empty dicts and receive each
-        tensor from rank 0 as it is placed (torch's `broadcast_from_rank0`), never the whole state."""
+        process group only rank 0 passes them (read there alone); the other ranks pass empty dicts
+        and receive each tensor from rank 0 as it is placed (torch's `broadcast_from_rank0`)."""
         grouped = dist.is_available() and dist.is_initialized()
         _, current = get_state_dict(self.module, self.optimizers)  # the param groups, by name
         optim: dict[str, Any] = {"state": state, "param_groups": current["param_groups"]} if state else {}

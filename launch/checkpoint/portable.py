@@ -117,7 +117,7 @@ T = TypeVar("T")
 
 
 def read_on_rank0(read: Callable[[], T]) -> T | None:
-    """`read()` on rank 0 alone (every process without a group); None on the other ranks. A failed
+    """`read()` on rank 0 alone (and on a process without a group); None on the other ranks. A failed
     read is raised on every rank as the same line (`rank0_decides`), so none waits for a broadcast
     that will not come. Collective."""
     held: list[T] = []
@@ -159,6 +159,8 @@ class FromRank0:
 
 
 class _TensorSpec:
+    """A tensor's shape and dtype: what a receiving rank allocates before the broadcast."""
+
     def __init__(self, t: torch.Tensor) -> None:
         self.shape, self.dtype = tuple(t.shape), t.dtype
 
