@@ -89,12 +89,19 @@ def _loop(run: Run, watch: StallWatch) -> dict:
     while state.step < t.max_steps:
         watch.beat(state.step + 1)  # its reads, evaluation and checkpoint included (train.stall_dump_s)
         lr = scheduled_lr(cfg.optim, state.step, t.max_steps)
+        failure: Exception | None = None
         try:
             windows = loader.next_step()  # this rank's share of the step, read ahead in the background
-        except DataError:  # e.g. a Hub read that failed after its retries, with no step read before it
-            if env.world_size == 1 and state.step > run.start_step:
-                run.save(wait=True)  # one process has no one to agree with: keep what it trained, then say why
-            raise
+        except Exception as err:  # e.g. a Hub read that failed after its retries, with no step read before it
+            failure = err
+        # Every rank learns of a failed read here, before the step's collectives (where the others
+        # would wait for the failed rank until parallel.comm_timeout_s): all keep what they trained, then say why.
+        if (failed := stop.agree_on_read(failure)) is not None:
+            if state.step > run.start_step:
+                run.save(wait=True)
+            if failure is not None:
+                raise failure
+            raise DataError(f"rank {failed[0]} could not read step {state.step + 1}: {failed[1]}")
         run.audit.record(state.step + 1, windows)
         for micro, batch in enumerate(windows.split(t.micro_batch_size)):
             batch = batch.to(env.device, non_blocking=True)

@@ -86,10 +86,11 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def dcp_load(state: dict[str, Any], directory: str) -> None:
-    """`torch.distributed.checkpoint.load` of `state` from `directory`, without unpickling code."""
+def dcp_load(state: dict[str, Any], directory: str, no_dist: bool = False) -> None:
+    """`torch.distributed.checkpoint.load` of `state` from `directory`, without unpickling code.
+    `no_dist`: this process reads alone (no collective), whatever process group exists."""
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():  # "assuming a single process": intended where no group exists
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(), no_dist=no_dist)

@@ -23,13 +23,7 @@ from safetensors.torch import save_file
 from torch.profiler import record_function
 
 from launch.checkpoint.async_writer import host_copy
-from launch.checkpoint.portable import (
-    ZERO_FORMAT,
-    ZERO_META,
-    ZERO_TAG,
-    read_optimizer_state,
-    read_weights,
-)
+from launch.checkpoint.portable import MODEL, STATE, ZERO_FORMAT, ZERO_META, ZERO_TAG, FromRank0, dcp_entries
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine, checkpoint_layout
 from launch.engine.parallelize import build_model
@@ -39,7 +33,13 @@ from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
 from orscale import OptimConfig, set_lr
 from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
-from orscale.distributed.zero_checkpoint import LogicalState, load_zero_state, stage_zero_state, write_zero_state
+from orscale.distributed.zero_checkpoint import (
+    LogicalState,
+    load_zero_state,
+    names_read_whole,
+    stage_zero_state,
+    write_zero_state,
+)
 from orscale.routing import canonical_name
 
 TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
@@ -258,16 +258,24 @@ class DeepSpeedEngine(Engine):
 
     @torch.no_grad()
     def _load_logical(self, directory: Path) -> None:
-        """Another backend's checkpoint: whole weights and whole optimizer state by parameter name,
-        cut into this rank's master partitions and the matrices it owns (collective: DCP reads)."""
-        weights = read_weights(directory)
+        """Another backend's checkpoint (DCP): whole weights and optimizer state by parameter name,
+        read on rank 0 alone and handed out one tensor at a time (launch.checkpoint.portable.FromRank0):
+        the weights go into the model, and each rank keeps the state its master partitions and owned
+        matrices are cut from (orscale.distributed.zero_checkpoint.names_read_whole). Collective."""
+        entries = FromRank0(lambda: dcp_entries(directory), self.env.device)
         own = self.model.state_dict()
         names = {canonical_name(k): k for k in own}
-        _check_names(directory, set(weights), set(names))
-        for canonical, name in names.items():
-            own[name].copy_(weights[canonical])
+        _check_names(directory, {k[len(MODEL) :] for k in entries.names if k.startswith(MODEL)}, set(names))
+        kept = {canonical_name(n) for n in names_read_whole(self.optimizer)}
+        state: dict[str, dict[str, Any]] = {}
+        for key, value in entries:
+            if key.startswith(MODEL):
+                own[names[key[len(MODEL) :]]].copy_(value)
+                continue
+            name, leaf = key[len(STATE) :].rsplit(".", 1)
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or name in kept:
+                state.setdefault(name, {})[leaf] = value.cpu() if isinstance(value, torch.Tensor) else value
         self.optimizer.copy_from_model(self.model)
         params = dict(self.model.named_parameters())
-        state = read_optimizer_state(directory, {canonical_name(n): p.shape for n, p in params.items()})
         mine = {n: state[canonical_name(n)] for n in params if canonical_name(n) in state}
         load_zero_state(self.optimizer, source=LogicalState(mine))

@@ -110,14 +110,16 @@ def reshard_after_forward(setting: str | bool, shard_size: int | None = None) ->
     return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < (shard_size or world)
 
 
-def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh | None:
-    """HSDP's 2-D mesh ("replicate", "shard") of parallel.dp_replicate × dp_shard ranks (ParallelConfig
-    checked that they multiply to the world size); None for plain FSDP2, whose default mesh is the
-    1-D world (so a dp_replicate=1 run is built exactly as before HSDP existed)."""
-    if parallel.dp_replicate == 1:
-        return None
+def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh:
+    """FSDP2's mesh, on the run's device type (`train.device`, not the machine's accelerator: a CPU
+    run on a GPU node keeps a CPU mesh under its gloo group): HSDP's 2-D mesh ("replicate", "shard")
+    of parallel.dp_replicate × dp_shard ranks (ParallelConfig checked that they multiply to the
+    world size), else the 1-D world, the mesh FSDP2 would make itself (the default group, no dim name)."""
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if parallel.dp_replicate == 1:
+        return init_device_mesh(env.device.type, (dist.get_world_size(),))
     shape = (parallel.dp_replicate, parallel.dp_shard)
     return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
@@ -148,7 +150,26 @@ def wrap_ddp(model: GPT, env: DistEnv) -> nn.Module:
     # `init_sync_buffers` exists, so that is kept and its warning (once per rank) is silenced here.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None, broadcast_buffers=False)
+        return DDP(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            broadcast_buffers=False,
+            # Each gradient is a view into DDP's all-reduce bucket, not a tensor of its own that the
+            # bucket copies: one full gradient less (4 bytes per parameter in fp32).
+            gradient_as_bucket_view=True,
+        )
+
+
+def drops_gradients(module: nn.Module) -> bool:
+    """`zero_grad(set_to_none=...)` for the optimizers of `module`: True (free the gradients) except
+    under DDP, whose gradients are views into its buckets (`wrap_ddp`). There they are zeroed in
+    place and kept: dropped, the next backward would make fresh gradients beside the buckets (a
+    second full gradient while micro-batches accumulate under no_sync) and copy them in at the
+    last one. Every parameter has a gradient at every DDP step (DDP requires it), so zeros and
+    None mean the same to the optimizers."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return not isinstance(module, DDP)
 
 
 def no_sync(module: nn.Module, last_micro_batch: bool) -> AbstractContextManager:

@@ -15,10 +15,10 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.checkpoint.portable import checkpoint_kind, read_optimizer_state, read_weights
+from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_optimizer_state, read_weights
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
-from launch.engine.parallelize import build_model, no_sync, wrap_ddp
+from launch.engine.parallelize import build_model, drops_gradients, no_sync, wrap_ddp
 from launch.engine.spikes import SpikeGuard
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
@@ -46,6 +46,7 @@ class TorchEngine(Engine):
         self.max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
         self._adamw_impl = optim.fused
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
+        self._drop_grads = drops_gradients(self.module)
         self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
 
     @property
@@ -67,7 +68,7 @@ class TorchEngine(Engine):
         for opt in self.optimizers:
             if not skip:
                 opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=self._drop_grads)
         if self.model.cfg.center_mlp:
             self._update_centring()
         self._step_loss = torch.zeros_like(self._step_loss)
@@ -96,7 +97,8 @@ class TorchEngine(Engine):
             place_loaded_state(opt)  # torch's rule with this run's flags (fused: step on p's device)
 
     def _load_logical(self, directory: Path) -> None:
-        # Written by ZeRO-1/2: whole weights and optimizer state by name, sharded here as this
-        # engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
+        # Written by ZeRO-1/2: whole weights and optimizer state by name, read on rank 0 alone and
+        # placed on every rank as this engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
         shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}
-        self._checkpoint.load_logical(read_weights(directory), read_optimizer_state(directory, shapes))
+        read = read_on_rank0(lambda: (read_weights(directory), read_optimizer_state(directory, shapes)))
+        self._checkpoint.load_logical(*(read or ({}, {})))

@@ -190,7 +190,7 @@ def setup_run(cfg: Config) -> Run:
             f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
             f"world size ({world_size}) so every rank owns the same number of stream shards"
         )
-    env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s)
+    env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s, cfg.run.dir)
     setup_logging(env.rank)
     check_memory_snapshot(cfg.train, env.device)
     tf32 = set_tf32(cfg.train.tf32, env.device)

@@ -4,6 +4,8 @@ Ranks must stop at the same step, so the flag is agreed on with an all-reduce, b
 sync on the training device each step: every step posts an asynchronous all-reduce of this rank's
 flag on a CPU (gloo) group and reads the result posted one step earlier, long complete by then.
 All ranks see the same sequence of results, so they stop together, one step after the signal.
+A failed data read is agreed on at once instead (`agree_on_read`, on the same group), before the
+step's collectives.
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ class StopFlag:
         self._posted = torch.tensor([float(self.raised)], device="cpu")
         self._work = dist.all_reduce(self._posted, group=self._group, async_op=True)
         return decided
+
+    def agree_on_read(self, failure: BaseException | None) -> tuple[int, str] | None:
+        """(rank, its one line) of the lowest rank whose read of this step failed (`failure`: this
+        rank's), the same on every rank, or None when every rank has its windows. Call once per step
+        on every rank, after the read and before the step's collectives: a rank whose reader failed
+        would otherwise leave its peers waiting in those collectives until the comm timeout. A
+        blocking all-reduce of one flag on this gloo group (no device sync); the lines are gathered
+        only when some rank failed."""
+        if self._group is None:
+            return None if failure is None else (0, str(failure))
+        failed = torch.tensor([float(failure is not None)], device="cpu")
+        dist.all_reduce(failed, group=self._group)
+        if failed.item() == 0:
+            return None
+        lines: list[str | None] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(lines, None if failure is None else str(failure).splitlines()[0], group=self._group)
+        rank = next(r for r, line in enumerate(lines) if line is not None)
+        return rank, str(lines[rank])
 
     def restore(self) -> None:
         """Finish the pending all-reduce and give the signals back to whoever had them (matters

@@ -11,13 +11,14 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from launch.errors import ConfigError
-from launch.runtime.hangs import elastic_store, nccl_ends_on_timeout, set_default_timeout
+from launch.runtime.hangs import elastic_store, nccl_ends_on_timeout, nccl_flight_recorder, set_default_timeout
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,13 @@ def check_backend(backend: str, world_size: int) -> None:
         )
 
 
-def init_distributed(backend: str, device_setting: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+def init_distributed(
+    backend: str, device_setting: str = "auto", timeout_s: float = 1800.0, run_dir: str | Path | None = None
+) -> DistEnv:
     """Create the default process group when `backend` (parallel.backend) is not `none`, even on one
     process. `device_setting`: train.device (auto | cpu | cuda). `timeout_s`: every collective's
-    (parallel.init_timeout_s; the loop sets parallel.comm_timeout_s once start-up is over)."""
+    (parallel.init_timeout_s; the loop sets parallel.comm_timeout_s once start-up is over). `run_dir`:
+    where NCCL's flight recorder writes its dumps at a timeout (launch/runtime/hangs.py)."""
     world_size = launched_world_size()
     check_backend(backend, world_size)
     rank = int(os.environ.get("RANK", "0"))
@@ -93,8 +97,10 @@ def init_distributed(backend: str, device_setting: str = "auto", timeout_s: floa
             os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts it is set
         timeout = datetime.timedelta(seconds=timeout_s)
         set_default_timeout(timeout)  # for the groups made later (preemption's, FSDP2's mesh, DeepSpeed's)
-        if use_cuda and (warning := nccl_ends_on_timeout()) is not None:
-            logging.getLogger("orscale").warning(warning)
+        if use_cuda:
+            if (warning := nccl_ends_on_timeout()) is not None:
+                logging.getLogger("orscale").warning(warning)
+            nccl_flight_recorder(run_dir)
         dist.init_process_group(
             "nccl" if use_cuda else "gloo",
             timeout=timeout,

@@ -2,7 +2,9 @@
 progress for `train.stall_dump_s`, one line naming the rank and the step, then every thread's stack on stderr, again
 each `stall_dump_s` while it lasts. A watcher thread writes the header and `faulthandler.dump_traceback` the stacks
 (of threads blocked in C too); not `faulthandler.dump_traceback_later` alone, whose dumps would not say which step
-stalled (the watcher needs the GIL, which a blocked read or wait releases).
+stalled (the watcher needs the GIL, which a blocked read or wait releases). A NCCL collective returns to Python at once
+and waits on the GPU, so a stack shows the next host sync instead: NCCL's flight recorder names a stuck one
+(`launch/runtime/hangs.py`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class StallWatch:
     def _dump(self, step: int, waited: float) -> None:
         log.warning(
             "stall: step %d has run for %.0f s without finishing (train.stall_dump_s=%g); every thread's "
-            "stack follows: look for a read, a wait or a collective that does not return",
+            "stack follows: look for a read, a wait or a gloo collective that does not return (a stuck NCCL "
+            "collective shows as the next host sync here; NCCL's flight recorder names it)",
             step,
             waited,
             self.every_s,

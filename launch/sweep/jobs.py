@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from launch.sweep.slurm import Job, render
-from launch.sweep.spec import ROOT, Cell, Sweep
+from launch.sweep.spec import ROOT, Cell, SpecError, Sweep
 from records.read import read_run
 
 
@@ -63,16 +63,84 @@ def run_local(cell: Cell, nproc: int) -> int:
     return subprocess.run(argv, cwd=ROOT, env=_child_env()).returncode
 
 
-def start_cell(cell: Cell, nproc: int, threads: int) -> subprocess.Popen:
-    """Start a cell as a process of its own (the sweep's --jobs), its output to <run dir>/sweep.out."""
+def start_cell(cell: Cell, nproc: int, threads: int, gpus: list[str] | None = None) -> subprocess.Popen:
+    """Start a cell as a process of its own (the sweep's --jobs), its output to <run dir>/sweep.out.
+    `gpus`: the GPUs it may use (CUDA_VISIBLE_DEVICES; `GpuSlots`), None to leave that as it is."""
     env = _child_env()
     env.setdefault("OMP_NUM_THREADS", str(threads))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     log = open(cell.run_dir / "sweep.out", "ab")  # the child keeps its own copy of the descriptor
     try:
         return subprocess.Popen(train_argv(cell, nproc), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs), so that
+    a subset of them is a valid CUDA_VISIBLE_DEVICES for a child: that variable's entries when it is
+    set, else 0..N-1; as many as torch counts (none without CUDA)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [d.strip() for d in listed.split(",")] if listed is not None else [str(i) for i in range(count)]
+    return names[:count]
+
+
+def uses_gpus(cell: Cell) -> bool:
+    """Whether a cell trains on GPUs when some are visible (train.device auto or cuda)."""
+    return cell.value("train.device", "auto") != "cpu"
+
+
+class GpuSlots:
+    """The node's visible GPUs shared by the cells a sweep runs at once (--jobs): each GPU cell holds
+    `nproc` of them, disjoint from every other running cell's, given to it as CUDA_VISIBLE_DEVICES
+    (torchrun's ranks then use cuda:0..nproc-1 of that set), and returned when it ends."""
+
+    def __init__(self, gpus: list[str], nproc: int) -> None:
+        self.gpus, self.nproc = list(gpus), nproc
+        self._free = list(gpus)
+        self._held: dict[str, list[str]] = {}
+
+    @property
+    def cells_at_once(self) -> int:
+        return len(self.gpus) // self.nproc
+
+    def take(self, cell_id: str) -> list[str] | None:
+        """`nproc` free GPUs for the cell, or None when fewer are free (wait for a cell to end)."""
+        if len(self._free) < self.nproc:
+            return None
+        self._held[cell_id], self._free = self._free[: self.nproc], self._free[self.nproc :]
+        return self._held[cell_id]
+
+    def give_back(self, cell_id: str) -> None:
+        held = self._held.pop(cell_id, [])
+        self._free = [g for g in self.gpus if g in self._free or g in held]  # in the node's order
+
+
+def gpu_slots(cells: list[Cell], jobs: int, nproc: int) -> tuple[GpuSlots | None, str | None]:
+    """The GPU slots of a sweep running `jobs` cells at once, and a note to print when fewer run at
+    once than asked: None (no note, nothing set) when one cell runs at a time, no GPU is visible, or
+    no cell trains on a GPU. A SpecError when a cell needs more GPUs than the node has."""
+    if jobs == 1 or not any(uses_gpus(c) for c in cells) or not (gpus := visible_gpus()):
+        return None, None
+    if nproc > len(gpus):
+        raise SpecError(
+            f"--nproc {nproc} needs {nproc} GPUs per cell but {len(gpus)} are visible "
+            f"({'CUDA_VISIBLE_DEVICES=' + ','.join(gpus) if 'CUDA_VISIBLE_DEVICES' in os.environ else 'this node'}); "
+            f"lower --nproc to at most {len(gpus)}"
+        )
+    slots = GpuSlots(gpus, nproc)
+    note = None
+    if jobs * nproc > len(gpus):
+        note = (
+            f"--jobs {jobs} x --nproc {nproc} needs {jobs * nproc} GPUs but {len(gpus)} are visible: "
+            f"at most {slots.cells_at_once} GPU cells run at once"
+        )
+    return slots, note
 
 
 def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from launch.sweep.jobs import cell_state, run_local, start_cell, submit, train_argv
+from launch.sweep.jobs import GpuSlots, cell_state, gpu_slots, run_local, start_cell, submit, train_argv, uses_gpus
 from launch.sweep.plan import Plan, plan, write_plan
 from launch.sweep.spec import ROOT, Cell, SpecError, Sweep, load_sweep
 
@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="local cells run at once, each as its own process with cpu_count/jobs threads (default 1: one "
-        "after another, in this process where it can)",
+        "after another, in this process where it can); on a GPU node each holds --nproc GPUs of its own "
+        "(CUDA_VISIBLE_DEVICES), and fewer run at once when the GPUs run out",
     )
     p.add_argument("--only", help="run the cells whose id (scale/optim/lrX-seedY) matches this glob (or contains it)")
     return p.parse_args(argv)
@@ -103,15 +104,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         return 0
-    stopped = _run_all(sweep, args, nproc, summary)
+    try:
+        slots, note = gpu_slots(cells, args.jobs, nproc)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if note:
+        print(f"note: {note}")
+    stopped = _run_all(sweep, args, nproc, summary, slots)
     _print_waiting(plan(sweep, cell_state))
     _print_summary(summary, select(plan(sweep, cell_state).cells, args.only))
     return 1 if stopped or any(state.startswith(("failed", "stopped")) for _, state, _ in summary) else 0
 
 
-def _run_all(sweep: Sweep, args: argparse.Namespace, nproc: int, summary: list[tuple[Cell, str, str]]) -> bool:
+def _run_all(
+    sweep: Sweep, args: argparse.Namespace, nproc: int, summary: list[tuple[Cell, str, str]], slots: GpuSlots | None
+) -> bool:
     """Run cells until the plan has none left to run (an LR search adds cells as its runs finish);
-    each cell is tried once per invocation. Returns True when a cell stopped on a signal."""
+    each cell is tried once per invocation. `slots`: the node's GPUs shared by the cells running at
+    once (launch.sweep.jobs.gpu_slots). Returns True when a cell stopped on a signal."""
     tried: set[str] = {c.id for c, _, _ in summary}
     running: dict[str, tuple[Cell, subprocess.Popen, float]] = {}
     n = 0
@@ -122,20 +133,28 @@ def _run_all(sweep: Sweep, args: argparse.Namespace, nproc: int, summary: list[t
         if not todo and not running:
             return False
         while todo and len(running) < args.jobs:
+            gpus = None
+            if slots is not None and uses_gpus(todo[0]):
+                if (gpus := slots.take(todo[0].id)) is None:
+                    break  # every GPU is held by running cells: start it when one ends
             c = todo.pop(0)
             tried.add(c.id)
             n += 1
-            print(f"[{n}] {c.id}: {shlex.join(train_argv(c, nproc))}", flush=True)
+            on = f"CUDA_VISIBLE_DEVICES={','.join(gpus)} " if gpus is not None else ""
+            print(f"[{n}] {c.id}: {on}{shlex.join(train_argv(c, nproc))}", flush=True)
             if args.jobs == 1:
                 t0 = time.perf_counter()
                 if _record(summary, c, run_local(c, nproc), time.perf_counter() - t0):
                     return True
             else:
-                threads = max(1, (os.cpu_count() or 1) // args.jobs)
-                running[c.id] = (c, start_cell(c, nproc, threads=threads), time.perf_counter())
+                at_once = min(args.jobs, slots.cells_at_once) if slots is not None else args.jobs
+                threads = max(1, (os.cpu_count() or 1) // at_once)
+                running[c.id] = (c, start_cell(c, nproc, threads=threads, gpus=gpus), time.perf_counter())
         if running:
             done = _wait_any(running)
             c, proc, t0 = running.pop(done)
+            if slots is not None:
+                slots.give_back(c.id)
             if _record(summary, c, proc.returncode, time.perf_counter() - t0):
                 for other, p, _ in running.values():  # a signal: let the others checkpoint too
                     p.wait()

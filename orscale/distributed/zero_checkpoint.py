@@ -194,6 +194,18 @@ def read_logical_state(directory: Path, shapes: dict[str, torch.Size]) -> dict[s
     return out
 
 
+def names_read_whole(opt: ZeroShardedOptimizer) -> set[str]:
+    """The parameters whose whole optimizer-state tensors `load_zero_state` reads on this rank from a
+    `LogicalState`: those with a piece in this rank's flat (AdamW) partitions (in a group without
+    one, its first, whose zeros it then takes) and the matrices this rank owns. A rank receiving
+    another backend's state may drop the others' tensors (0-d values and numbers it keeps)."""
+    names: set[str] = set()
+    for _, layout in _flat_layouts(opt):
+        mine = {layout.names[pc.k] for ps in layout.pieces for pc in ps if pc.rank == layout.rank}
+        names |= mine or set(layout.names[:1])
+    return names | {name for name, _ in opt.owned_tensors()}
+
+
 def load_zero_state(
     opt: ZeroShardedOptimizer, directory: Path | None = None, source: LogicalState | None = None
 ) -> None:

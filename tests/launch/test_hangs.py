@@ -126,3 +126,111 @@ def test_nccl_timeouts_end_the_process_unless_the_user_chose_otherwise(monkeypat
     warning = hangs.nccl_ends_on_timeout()
     assert warning is not None and "TORCH_NCCL_ASYNC_ERROR_HANDLING=0" in warning and "set it to 1" in warning
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # chosen: kept
+
+
+class _GroupMade(Exception):
+    """Raised by the stand-in for `init_process_group`: the environment it saw is the test's answer."""
+
+
+def _init_as_on_a_gpu_node(monkeypatch, device: str, run_dir) -> dict[str, str]:
+    """`init_distributed` as rank 3 of 8 on a node whose torch reports 8 GPUs (CUDA's answers patched
+    in); the environment its `init_process_group` call would have seen."""
+    import os
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from launch.runtime.process_group import init_distributed
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "NCCL" not in k and "FR_" not in k})
+    for key, value in {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ[key] = value
+    os.environ["MASTER_PORT"] = "29500"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(c10d, "default_pg_timeout", c10d.default_pg_timeout)  # set_default_timeout's, put back
+    monkeypatch.setattr(c10d, "default_pg_nccl_timeout", c10d.default_pg_nccl_timeout)
+    seen: dict[str, str] = {}
+
+    def made(backend, **kwargs):
+        seen.update(os.environ, BACKEND=backend)
+        raise _GroupMade
+
+    monkeypatch.setattr(dist, "init_process_group", made)
+    with pytest.raises(_GroupMade):
+        init_distributed("ddp", device, 60.0, run_dir)
+    return seen
+
+
+def test_nccl_groups_are_made_with_the_flight_recorder_dumping_beside_the_run(tmp_path, monkeypatch):
+    """A stuck NCCL collective is named by NCCL's flight recorder, not by a host stack: the NCCL path
+    turns it on (ring, dump at a timeout, dumps in the run directory) before the group exists."""
+    seen = _init_as_on_a_gpu_node(monkeypatch, "auto", tmp_path / "run")
+    assert seen["BACKEND"] == "nccl"
+    assert seen["TORCH_NCCL_TRACE_BUFFER_SIZE"] == seen["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    prefix = str((tmp_path / "run").resolve() / "nccl_trace_rank_")
+    assert seen["TORCH_FR_DUMP_TEMP_FILE"] == seen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_the_flight_recorder_keeps_a_users_settings_and_stays_off_gloo(tmp_path, monkeypatch):
+    import os
+
+    from launch.runtime.hangs import nccl_flight_recorder
+
+    monkeypatch.setattr(os, "environ", {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/fr_"})
+    assert nccl_flight_recorder(tmp_path) == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}  # the two chosen ones kept
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ
+    seen = _init_as_on_a_gpu_node(monkeypatch, "cpu", tmp_path)  # train.device=cpu on a GPU node: gloo
+    assert seen["BACKEND"] == "gloo"
+    assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in seen)
+
+
+def _rank_1s_reader_fails(argv: list[str], fail_at: int) -> dict:
+    """`train.py ARGV` on the pool's ranks with rank 1's reader failing for good at the windows of
+    step `fail_at`: the error each rank stopped with, when, and when rank 1's reader failed."""
+    import os
+
+    from data import DataError
+    from data.loader import PackedLoader
+    from tests.pool_jobs import train_runs
+
+    rank, produce, calls, failed_at = int(os.environ["RANK"]), PackedLoader._produce, [0], [0.0]
+
+    def failing(self):
+        calls[0] += 1
+        if rank == 1 and calls[0] >= fail_at:
+            failed_at[0] = failed_at[0] or time.time()
+            raise DataError("stand-in: row group 3 of a.parquet could not be read after 5 attempts")
+        return produce(self)
+
+    PackedLoader._produce = failing
+    try:
+        train_runs([argv])
+    except DataError as err:
+        return {"error": str(err), "at": time.time(), "failed_at": failed_at[0]}
+    finally:
+        PackedLoader._produce = produce
+    return {"error": None}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_whose_reader_fails_stops_every_rank_at_the_step_boundary_and_saves(tmp_path):
+    """Rank 1's reader fails for good at step 3's windows with nothing queued: rank 0 must not wait
+    in step 3's collectives until parallel.comm_timeout_s (30 s here). Every rank agrees before
+    them, step 2 is saved, and each stops with one line (rank 0's names rank 1 and its read)."""
+    from launch.checkpoint import latest_checkpoint, read_meta
+    from tests.pool import rank_pool
+
+    argv = ["--config", TINY, *SMALL, "parallel.backend=ddp", "optim.name=adamw", "train.max_steps=6"]
+    argv += ["train.eval_every=0", "train.ckpt_every=0", "parallel.comm_timeout_s=30", f"run.dir={tmp_path}"]
+    argv += ["data.prefetch_steps=0"]  # read in the step: nothing queued when the read fails
+    rank0, rank1 = rank_pool(2).run(_rank_1s_reader_fails, argv, 3)
+    assert rank1["error"] == "stand-in: row group 3 of a.parquet could not be read after 5 attempts"
+    assert rank0["error"] == f"rank 1 could not read step 3: {rank1['error']}"
+    assert rank0["at"] - rank1["failed_at"] < 10, "rank 0 waited for rank 1 in a collective"  # 0.3 s here
+    assert read_meta(latest_checkpoint(tmp_path / "checkpoints"))["step"] == 2

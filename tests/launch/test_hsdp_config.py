@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from launch.config import ParallelConfig, load_config
-from launch.engine.parallelize import data_parallel_mesh, reshard_after_forward
+from launch.engine.parallelize import reshard_after_forward
 from launch.errors import ConfigError
-from launch.runtime.process_group import DistEnv
 
 
 def _parallel(monkeypatch: pytest.MonkeyPatch, world: int, *overrides: str) -> ParallelConfig:
@@ -51,13 +50,6 @@ def test_bad_meshes_are_one_line_naming_the_key(
     with pytest.raises(ConfigError) as err:
         _parallel(monkeypatch, world, *overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
-
-
-def test_plain_fsdp2_keeps_its_default_mesh(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    env = DistEnv(0, 4, 0, torch.device("cpu"), "fsdp")
-    assert data_parallel_mesh(_parallel(monkeypatch, 4), env) is None  # FSDP2's own 1-D world mesh
 
 
 @pytest.mark.parametrize(
