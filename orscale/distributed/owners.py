@@ -328,6 +328,23 @@ class OwnerMuonFamily(MuonFamily):
             n += len(lays)
         return total + self._norm_bytes(n)
 
+    @property
+    def owner_slots(self) -> int:
+        """The ranks NS work is dealt over (owner = 0 .. owner_slots − 1): the group's, times the
+        replica groups with the replica split; global rank g is slot g % owner_slots."""
+        return self._world
+
+    def planned_ns_flops(self, rank: int) -> float:
+        """NS FLOPs owner slot `rank` runs in a step in which every matrix has a gradient (every
+        matrix's, where each rank runs every NS: ``mode="replicate"`` or one rank)."""
+        everywhere = self._world == 1 or self.mode == "replicate"
+        return sum(
+            ns_flops((lay.m, lay.n), g["ns_steps"])
+            for g in self.param_groups
+            for lay in (self._layout[id(p)] for p in g["params"])
+            if everywhere or lay.owner == rank
+        )
+
     def _bucket_bytes(self, lays: list[Layout], rank: int, q_bytes: int) -> int:
         """Bytes `rank` sends in one bucket's exchange (the plan its collectives are cut from)."""
         raise NotImplementedError
