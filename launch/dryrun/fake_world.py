@@ -45,6 +45,7 @@ class Collective:
     nbytes: int
     sent: int
     phase: str
+    ranks: tuple[int, ...] = ()  # the group's global ranks (which links it crosses)
 
 
 # (namespace, op) -> (kind, position of the tensors it sends, of its group, of the split sizes or root)
@@ -107,6 +108,7 @@ class CollectiveLog(TorchDispatchMode):
         super().__init__()
         self.calls: list[Collective] = []
         self.phase = ""
+        self._ranks: dict[dist.ProcessGroup, tuple[int, ...]] = {}
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -119,9 +121,10 @@ class CollectiveLog(TorchDispatchMode):
             group = _group(args[group_at])
             size = _nbytes(args[tensors])
             extra = args[extra_at] if extra_at is not None else None
-            self.calls.append(
-                Collective(kind, group.size(), size, _sent(kind, size, group.size(), group.rank(), extra), self.phase)
-            )
+            if group not in self._ranks:
+                self._ranks[group] = tuple(dist.get_process_group_ranks(group))
+            sent = _sent(kind, size, group.size(), group.rank(), extra)
+            self.calls.append(Collective(kind, group.size(), size, sent, self.phase, self._ranks[group]))
         return func(*args, **(kwargs or {}))
 
     def sent(self, phase: str, kinds: tuple[str, ...] | None = None) -> int:

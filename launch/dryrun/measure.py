@@ -23,7 +23,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel
 
 from launch.config import Config, load_config
-from launch.dryrun.fake_world import CollectiveLog, fake_allreduce_hook, fake_world, is_fake_world
+from launch.dryrun.fake_world import Collective, CollectiveLog, fake_allreduce_hook, fake_world, is_fake_world
 from launch.engine import engine_class
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
@@ -69,6 +69,7 @@ class DryRun:
     activations: int = 0  # tensors made in forward and still held at its end
     peak: int = 0  # steady state: the larger of forward/backward's peak with the optimizer state, the step's
     notes: list[str] = field(default_factory=list)
+    calls: list[Collective] = field(default_factory=list)  # forward/backward's collectives, one micro-batch
     seconds: float = 0.0
 
     @property
@@ -91,9 +92,9 @@ def storage_bytes(tensors: Iterable[Tensor | None]) -> int:
 
 def bytes_on_every_rank(tensors: Iterable[Tensor], world: int) -> list[int]:
     """Bytes of `tensors` on each global rank: a DTensor's shard as DTensor lays it out at that
-    rank's mesh coordinate (uneven and empty shards included); other tensors alike everywhere."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    rank's mesh coordinate (`Shard.local_shard_size_and_offset`: uneven and empty shards
+    included); other tensors alike everywhere."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     out = [0] * world
     for t in tensors:
@@ -101,15 +102,22 @@ def bytes_on_every_rank(tensors: Iterable[Tensor], world: int) -> list[int]:
             out = [b + t.numel() * t.element_size() for b in out]
             continue
         shape = tuple(t.device_mesh.shape)
-        with unset_fake_temporarily():  # the mesh's rank map and DTensor's own arithmetic: real tensors
+        with unset_fake_temporarily():  # the mesh's rank map is a real tensor
             ranks = t.device_mesh.mesh.flatten().tolist()  # the rank at each coordinate, row-major
-            cache: dict[tuple[int, ...], int] = {}
-            for i, g in enumerate(ranks):
-                coord = tuple(i // math.prod(shape[d + 1 :]) % shape[d] for d in range(len(shape)))
-                if coord not in cache:
-                    local, _ = _compute_local_shape_and_global_offset(t.shape, shape, list(coord), t.placements)
-                    cache[coord] = math.prod(local) * t.element_size()
-                out[g] += cache[coord]
+        cache: dict[tuple[int, ...], int] = {}
+        for i, g in enumerate(ranks):
+            coord = tuple(i // math.prod(shape[d + 1 :]) % shape[d] for d in range(len(shape)))
+            if coord not in cache:
+                local = list(t.shape)
+                for d, placement in enumerate(t.placements):
+                    if isinstance(placement, Shard):
+                        local[placement.dim] = int(
+                            Shard.local_shard_size_and_offset(local[placement.dim], shape[d], coord[d])[0]
+                        )
+                    elif not isinstance(placement, Replicate):
+                        raise NotImplementedError(f"a state tensor placed {placement}")
+                cache[coord] = math.prod(local) * t.element_size()
+            out[g] += cache[coord]
     return out
 
 
@@ -134,13 +142,17 @@ def dry_run(
     rank: int = 0,
     overrides: Iterable[str] = (),
     gpus_per_node: int = 8,
+    memory: bool = True,
 ) -> DryRun:
     """Set up and step rank `rank` of `world` as `python train.py --config <config> <overrides>`
     would on GPUs (bf16 compute, FSDP2's bf16 parameters and bf16 Newton–Schulz where `auto` would
-    pick them there), in a fake world; measured."""
+    pick them there), in a fake world; measured. `memory=False`: no memory tracking, and forward/
+    backward on one short sequence (every collective is the same; activations and peak stay 0)."""
     start = time.perf_counter()
     with fake_world(world, rank, gpus_per_node) as log:
-        result = step_rank(config, world, rank, log, replicate=replicate, backend=backend, overrides=overrides)
+        result = step_rank(
+            config, world, rank, log, replicate=replicate, backend=backend, overrides=overrides, memory=memory
+        )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -155,6 +167,7 @@ def step_rank(
     backend: str | None = None,
     overrides: Iterable[str] = (),
     gpus_per_node: int = 8,
+    memory: bool = True,
 ) -> DryRun:
     """Build and step this rank in the world that exists (fake, or a real process group with the
     log active: the tests compare the two), measured."""
@@ -173,6 +186,8 @@ def step_rank(
         cfg.optim.ns_dtype = "bf16"  # what the Muon family picks on CUDA
     if par.compile != "none":
         notes.append(f"parallel.compile={par.compile}: inductor's partition of each graph, run eager")
+        if par.backend == "ddp":  # dynamo's DDPOptimizer trips on fake tensors
+            notes.append("DDP's compiled graphs are not split at bucket boundaries (dynamo's optimize_ddp off)")
     env = DistEnv(rank, world, rank % min(gpus_per_node, world), torch.device("cpu"), par.backend)
     with _compiled_without_codegen():
         engine = engine_type(model_cfg, par, cfg.optim, train, env, dtype, accum)
@@ -181,15 +196,16 @@ def step_rank(
         engine.module.register_comm_hook(None, fake_allreduce_hook)
     muon = next((o for o in engine.optimizers if isinstance(o, OwnerMuonFamily)), None)
     gen = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, model_cfg.vocab_size, (train.micro_batch_size, cfg.data.seq_len + 1), generator=gen)
+    shape = (train.micro_batch_size, cfg.data.seq_len + 1) if memory else (1, 17)
+    batch = torch.randint(0, model_cfg.vocab_size, shape, generator=gen)
 
-    tracker = _Tracker()
+    tracker = _Tracker() if memory else _NoTracker()
     tracker.track_external(engine.module, *engine.optimizers)
     at_forward_end: dict[str, Any] = {}
     hook = engine.module.register_forward_hook(
         lambda *_: at_forward_end.update(_totals(tracker.get_tracker_snapshot("current")))
     )
-    with tracker:
+    with tracker, torch._dynamo.config.patch(optimize_ddp=par.compile == "none" or par.backend != "ddp"):
         log.phase = "forward/backward"
         engine.forward_backward(batch, last_micro_batch=True)
         forward_backward_peak = _totals(tracker.get_tracker_snapshot("peak"))["Total"]
@@ -218,12 +234,27 @@ def step_rank(
         gather=log.sent("forward/backward", ("all_gather",)),
         reduce=log.sent("forward/backward", ("reduce_scatter", "all_reduce")),
         activations=at_forward_end.get("Activation", 0),
+        calls=[c for c in log.calls if c.phase == "forward/backward"],
         peak=max(forward_backward_peak + opt_state[rank], step_peak),
         notes=notes,
     )
     _owner_work(result, muon, log.sent("step"))
     result.opt_state_measured = storage_bytes(states)
     return result
+
+
+class _NoTracker:
+    """The tracker's interface, tracking nothing (`memory=False`)."""
+
+    def track_external(self, *_: Any) -> None: ...
+
+    def get_tracker_snapshot(self, kind: str = "current") -> dict:
+        return {"none": {"Total": 0}}
+
+    def __enter__(self) -> _NoTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class _Tracker(MemTracker):
@@ -233,6 +264,14 @@ class _Tracker(MemTracker):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # The global peak only (torch's second half of this method): the per-module peaks, which
+        # the dry run does not read, cost a pass over every module at every op.
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
 
 
 @contextmanager

@@ -59,13 +59,16 @@ def describe(r: DryRun) -> str:
 def batch_for(config: str | Path, world: int) -> list[str]:
     """Overrides that let the config's step run on `world` ranks, as a user would set them: the
     largest micro-batch up to the config's that divides a rank's share of the step, or, when
-    there are more ranks than sequences, one sequence per rank (the step grows to `world` of them)."""
+    there are more ranks than sequences, one sequence per rank (the step grows to `world` of them);
+    as many logical data shards as ranks where the config's do not split evenly over them."""
     cfg = load_config(str(config))
     seq, micro = cfg.data.seq_len, cfg.train.micro_batch_size
     share = cfg.train.tokens_per_step // seq // world
+    # every rank reads the same number of the stream's logical shards (launch/run/setup.py)
+    shards = [f"data.logical_shards={world}"] if cfg.data.logical_shards % world else []
     if share < 1:
-        return ["train.micro_batch_size=1", f"train.tokens_per_step={world * seq}"]
-    return [f"train.micro_batch_size={max(m for m in range(1, min(micro, share) + 1) if share % m == 0)}"]
+        return ["train.micro_batch_size=1", f"train.tokens_per_step={world * seq}", *shards]
+    return [f"train.micro_batch_size={max(m for m in range(1, min(micro, share) + 1) if share % m == 0)}", *shards]
 
 
 TABLE_HEAD = (

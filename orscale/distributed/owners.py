@@ -162,8 +162,12 @@ class ExchangePlan:
 def exchange_plan(lays: list[Layout], rank: int, shards: int, replicas: int = 1) -> ExchangePlan:
     """Who sends what to whom for the bucket `lays` (see ExchangePlan)."""
     group, me = divmod(rank, shards)
-    by_replica = [[k for k, lay in enumerate(lays) if lay.owner // shards == r] for r in range(replicas)]
-    by_owner = [[k for k in by_replica[group] if lays[k].owner % shards == d] for d in range(shards)]
+    by_replica: list[list[int]] = [[] for _ in range(replicas)]
+    for k, lay in enumerate(lays):
+        by_replica[lay.owner // shards].append(k)
+    by_owner: list[list[int]] = [[] for _ in range(shards)]  # one pass: a dry run asks for 512 ranks' plans
+    for k in by_replica[group]:
+        by_owner[lays[k].owner % shards].append(k)
 
     def rows(k: int, s: int) -> int:
         return lays[k].rows[s] * lays[k].n
