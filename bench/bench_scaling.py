@@ -224,7 +224,7 @@ def plan(size: str, gpus: int, layout: str) -> Row:
     run = dry_run(config, gpus, replicate=replicas, backend="fsdp", overrides=overrides, memory=False)
     gather = sum((link_traffic(c) for c in run.calls if c.kind == "all_gather"), Traffic()) * run.accum
     reduce = sum((link_traffic(c) for c in run.calls if c.kind != "all_gather"), Traffic())  # once a step
-    cfg = load_config(str(config), overrides)
+    cfg = load_config(str(config))  # the model and its context
     model_cfg, seq = cfg.model.resolve(), cfg.data.seq_len
     with torch.device("meta"):
         model = GPT(model_cfg)

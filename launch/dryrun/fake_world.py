@@ -20,6 +20,7 @@ Three things the fake world needs that a real one does not, each kept to this co
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -194,6 +195,7 @@ def fake_world(world: int, rank: int, gpus_per_node: int = 8) -> Iterator[Collec
     }
     old_env = {k: os.environ.get(k) for k in env}
     patches = _Patches()
+    patches.set(sys, "excepthook", sys.excepthook)  # init_process_group wraps it ("[rank0]: ..."), per world
     os.environ.update(env)
     try:
         mesh = _outside_fake_mode(device_mesh.init_device_mesh)

@@ -8,7 +8,7 @@ from pathlib import Path
 from launch.config import load_config
 from launch.dryrun.measure import UNSUPPORTED, DryRun
 
-GIB, GB, MB = 2**30, 1e9, 1e6
+GIB, MIB, GB, MB = 2**30, 2**20, 1e9, 1e6
 LAYOUTS = ("fsdp", "hsdp", "ddp")
 
 
@@ -58,21 +58,23 @@ def describe(r: DryRun) -> str:
 
 def batch_for(config: str | Path, world: int) -> list[str]:
     """Overrides that let the config's step run on `world` ranks, as a user would set them: the
-    largest micro-batch up to the config's that divides a rank's share of the step, or, when
-    there are more ranks than sequences, one sequence per rank (the step grows to `world` of them);
-    as many logical data shards as ranks where the config's do not split evenly over them."""
+    config's step, or, when its sequences do not split evenly over the ranks, the next step that
+    does (one sequence per rank when there are more ranks than sequences); the largest micro-batch
+    up to the config's that divides a rank's share; as many logical data shards as ranks where the
+    config's do not split over them and the step (launch/config.py, launch/run/setup.py)."""
     cfg = load_config(str(config))
-    seq, micro = cfg.data.seq_len, cfg.train.micro_batch_size
-    share = cfg.train.tokens_per_step // seq // world
-    # every rank reads the same number of the stream's logical shards (launch/run/setup.py)
-    shards = [f"data.logical_shards={world}"] if cfg.data.logical_shards % world else []
-    if share < 1:
-        return ["train.micro_batch_size=1", f"train.tokens_per_step={world * seq}", *shards]
-    return [f"train.micro_batch_size={max(m for m in range(1, min(micro, share) + 1) if share % m == 0)}", *shards]
+    seq, micro, shards = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.data.logical_shards
+    sequences = cfg.train.tokens_per_step // seq
+    share = -(-sequences // world)
+    out = [] if sequences == share * world else [f"train.tokens_per_step={share * world * seq}"]
+    out.insert(0, f"train.micro_batch_size={max(m for m in range(1, min(micro, share) + 1) if share % m == 0)}")
+    if shards % world or (share * world) % shards:
+        out.append(f"data.logical_shards={world}")
+    return out
 
 
 TABLE_HEAD = (
-    "| model | ranks | layout | micro-batch × accum | params GiB | grads GiB | optimizer state GiB (max) "
+    "| model | ranks | layout | micro-batch × accum | params MiB | grads MiB | optimizer state MiB (max) "
     "| NS GFLOP max / mean | owner exchange MB max / mean | all collectives GB/step (max) "
     "| activations GiB | peak GiB | s |\n" + "| --- " * 13 + "|"
 )
@@ -83,7 +85,7 @@ def table_row(r: DryRun) -> str:
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     return (
         f"| {r.config} | {r.world} | {_layout(r).split(' over')[0]} | {r.micro_batch} × {r.accum} "
-        f"| {max(r.params) / GIB:.2f} | {max(r.grads) / GIB:.2f} | {max(r.opt_state) / GIB:.2f} "
+        f"| {max(r.params) / MIB:,.0f} | {max(r.grads) / MIB:,.0f} | {max(r.opt_state) / MIB:,.0f} "
         f"| {max(r.ns_flops) / 1e9:,.0f} / {mean(r.ns_flops) / 1e9:,.0f} "
         f"| {max(r.exchange) / MB:,.1f} / {mean(r.exchange) / MB:,.1f} | {per_step / GB:,.2f} "
         f"| {r.activations / GIB:.2f} | {r.peak / GIB:.2f} | {r.seconds:.0f} |"

@@ -53,6 +53,11 @@ def test_dry_run_accounts_add_up(backend: str, world: int, replicate: int) -> No
 def test_batch_for_fits_the_step_to_the_world() -> None:
     assert batch_for("configs/1.1b.yaml", 8) == ["train.micro_batch_size=4"]  # 48 sequences a rank
     assert batch_for("configs/1.1b.yaml", 64) == ["train.micro_batch_size=3"]  # 6 a rank
+    assert batch_for("configs/1.1b.yaml", 256) == [  # 384 sequences: 2 a rank, 512 in all
+        "train.micro_batch_size=2",
+        "train.tokens_per_step=2097152",
+        "data.logical_shards=256",
+    ]
     assert batch_for("configs/1.1b.yaml", 512) == [
         "train.micro_batch_size=1",
         "train.tokens_per_step=2097152",
