@@ -1,20 +1,24 @@
-"""The cluster on paper (issue 30, part 5): bytes per rank per step on NVLink and on the inter-node
-network, Newton–Schulz FLOPs per rank, and the predicted optimizer share of a step, for the paper's
-125m / 545m / 1.1b configs on 8–512 GPUs (8 per node), under FSDP2 over every rank, HSDP (shard
-within a node, replicate across nodes) and HSDP with the NS work split across the replica groups.
-Printed as the tables of docs/scaling.md.
+"""The cluster on paper (docs/scaling.md, "The cluster on paper"): bytes per rank per step on NVLink
+and on the inter-node network, Newton–Schulz FLOPs per rank, and the predicted optimizer share of
+a step, for the paper's 125m / 545m / 1.1b configs on 8–512 GPUs (8 per node), under FSDP2 over
+every rank, HSDP (shard within a node, replicate across nodes) and HSDP with the NS work split
+across the replica groups. Printed as the tables of docs/scaling.md (about 10 minutes on 2 CPU
+cores: one dry run per row).
 
     python -m bench.bench_scaling [--gpus 8 64 256 512] [--out docs/scaling_tables.md]
 
-The optimizer's own traffic is counted exactly, from the owners and layouts the optimizer itself
-uses (`orscale.distributed.owners.exchange_plan`), and checked against `ShardedMuonFamily`'s
-`bytes_sent` counters on 2 and 4 CPU ranks (tests/orscale/test_hsdp_optim.py). FSDP2's own
-collectives (parameter all-gather, gradient reduce-scatter, HSDP's all-reduce) are modelled as the
-ring algorithms NCCL runs: a rank moves (n−1)/n of the buffer (2(n−1)/n for an all-reduce), and a
-ring over several nodes leaves each node through every GPU's own NIC (rail-aligned channels), so
-1/8 of a rank's ring bytes cross the network. Times: bytes over the achievable bandwidth of the
-link they use (the slower of the two bounds each collective), FLOPs over the peak times an assumed
-efficiency; every figure and where it comes from is in `HARDWARE` and docs/scaling.md.
+What the code can answer comes from the code: each row is `launch.dryrun` (rank 0 of that world
+set up and stepped on a fake process group), so the micro-batch and accumulation, FSDP2's
+collectives (which, how many, how large, over which ranks: all-gathers per micro-batch, the
+gradient reduce-scatter and HSDP's all-reduce once a step) and every rank's NS FLOPs are what the
+run does. The owner exchange is counted per link from the optimizer's own plan
+(`orscale.distributed.owners.exchange_plan`), checked against `ShardedMuonFamily`'s `bytes_sent`
+on 2 and 4 CPU ranks (tests/orscale/test_hsdp_optim.py). What it cannot answer is modelled: each
+collective as the ring NCCL runs (a ring over several nodes leaves each node through every GPU's
+own NIC, rail-aligned channels, so 1/8 of a rank's ring bytes cross the network), times as bytes
+over the achievable bandwidth of the link they use (the slower of the two bounds each
+collective), FLOPs over the peak times an assumed efficiency; every figure and its source is in
+`HARDWARE` and docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from pathlib import Path
 import torch
 
 from launch.config import load_config
+from launch.dryrun.fake_world import Collective
+from launch.dryrun.measure import dry_run
+from launch.dryrun.report import batch_for
 from models import GPT
 from models.gpt import GPTConfig
 from orscale import OptimConfig
@@ -38,7 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GPUS_PER_NODE = 8
 SIZES = ("125m", "545m", "1.1b")
 LAYOUTS = ("fsdp2", "hsdp", "hsdp+split")
-NS_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -96,13 +102,6 @@ def muon_shapes(cfg: GPTConfig) -> list[tuple[int, ...]]:
     with torch.device("meta"):
         model = GPT(cfg)
     return [tuple(p.shape) for _, p in route_parameters(model, OptimConfig(name="orscale_lm")).matrices]
-
-
-def ns_flops(shape: tuple[int, ...], steps: int = NS_STEPS) -> float:
-    """FLOPs of one matrix's NS (orscale.newton_schulz._iterate on the wide m ≤ n orientation): per
-    iteration A = XXᵀ (2m²n), A² (2m³), (bA + cA²)·X (2m²n)."""
-    m, n = sorted(shape)
-    return steps * (4 * m * m * n + 2 * m**3)
 
 
 def layouts(shapes: list[tuple[int, ...]], replicas: int, shards: int) -> list[Layout]:
@@ -211,53 +210,51 @@ class Row:
 
 
 def plan(size: str, gpus: int, layout: str) -> Row:
-    """One configuration. Global batch: the paper's, or the smallest multiple of one sequence per
-    GPU above it when there are more GPUs than sequences (the paper's batch cannot be split)."""
-    cfg = load_config(str(ROOT / f"configs/{size}.yaml"))
-    model_cfg, t = cfg.model.resolve(), cfg.train
-    seq = cfg.data.seq_len
-    per_gpu = max(1, math.ceil(t.tokens_per_step // seq / gpus))
-    accum = math.ceil(per_gpu / t.micro_batch_size)
-    with torch.device("meta"):
-        model = GPT(model_cfg)
-    numel = model.num_params()
-    shapes = muon_shapes(model_cfg)
+    """One configuration, its step as the code runs it: `launch.dryrun` sets up and steps rank 0 on
+    a fake world of `gpus` ranks (the micro-batch and accumulation the run's setup picks for the
+    paper's batch, or one sequence per GPU when there are more GPUs than sequences:
+    `launch.dryrun.report.batch_for`) and logs every collective of one micro-batch's forward and
+    backward (FSDP2's all-gathers, reduce-scatters and HSDP's all-reduces, with their groups); the
+    owner exchange is counted per link from the optimizer's own plan (`exchange_plan`)."""
+    config = ROOT / f"configs/{size}.yaml"
     shards = gpus if layout == "fsdp2" else min(GPUS_PER_NODE, gpus)
     replicas = gpus // shards
     split = layout == "hsdp+split" and replicas > 1
-    shard_ranks = list(range(shards))  # rank 0's shard group (every group alike)
-    reshard = shards > GPUS_PER_NODE  # parallelize.reshard_after_forward's auto rule
-    groups = model_cfg.n_layer + 1  # FSDP2 units: each block and the root (one collective each)
-    # bf16 params: each micro-batch's forward, and its backward again when resharded
-    gather = ring(2 * numel / groups, (shards - 1) / shards, shard_ranks, groups * accum * (1 + reshard))
-    reduce = ring(4 * numel / groups, (shards - 1) / shards, shard_ranks, groups)  # fp32 grads, once a step
-    if replicas > 1:  # HSDP: each unit's gradient shard all-reduced across "replicate"
-        across = list(range(0, gpus, shards))
-        reduce = reduce + ring(4 * numel / shards / groups, 2 * (replicas - 1) / replicas, across, groups)
+    overrides = [*batch_for(config, gpus), *(["parallel.muon_replica_split=true"] if split else [])]
+    run = dry_run(config, gpus, replicate=replicas, backend="fsdp", overrides=overrides, memory=False)
+    gather = sum((link_traffic(c) for c in run.calls if c.kind == "all_gather"), Traffic()) * run.accum
+    reduce = sum((link_traffic(c) for c in run.calls if c.kind != "all_gather"), Traffic())  # once a step
+    cfg = load_config(str(config))  # the model and its context
+    model_cfg, seq = cfg.model.resolve(), cfg.data.seq_len
+    with torch.device("meta"):
+        model = GPT(model_cfg)
+    shapes = muon_shapes(model_cfg)
     split_over = replicas if split else 1
     owners = assign_owners(shapes, split_over * shards, split_over)
-    load = [0.0] * (split_over * shards)
-    for s, o in zip(shapes, owners, strict=True):
-        load[o] += ns_flops(s)
     # The ranks that own something, and one that owns nothing (all non-owners send alike); the
     # busiest link of each kind over them (bf16 Q: the GPU default).
     others = [r for r in range(split_over * shards) if r not in owners][:1]
     per_rank = [exchange_traffic(shapes, split_over, shards, r, q_bytes=2) for r in {*owners, *others}]
     exchange = Traffic(max(t.intra for t in per_rank), max(t.inter for t in per_rank))
-    tokens = gpus * per_gpu * seq
+    sequences = run.micro_batch * run.accum  # per GPU per step
     return Row(
         size,
         gpus,
         layout,
-        tokens,
-        accum,
+        gpus * sequences * seq,
+        run.accum,
         gather,
         reduce,
         exchange,
-        ring(norm_bytes(len(shapes), shards), 1.0, shard_ranks, tree=True),  # norm_bytes has the ring factor
-        max(load),
-        model.flops_per_token(seq, causal=True) * per_gpu * seq,
+        ring(norm_bytes(len(shapes), shards), 1.0, list(range(shards)), tree=True),  # norm_bytes has the ring factor
+        max(run.ns_flops),
+        model.flops_per_token(seq, causal=True) * sequences * seq,
     )
+
+
+def link_traffic(c: Collective) -> Traffic:
+    """One logged collective as a ring over its group's ranks: what rank 0 sends, per link."""
+    return ring(c.sent, 1.0, list(c.ranks))
 
 
 def _gb(t: Traffic) -> str:

@@ -5,6 +5,7 @@ of them (nothing below imports it; `report` only through the old command name be
     loop.py                           train(cfg): setup, then the loop; `python train.py` is its main
     runtime/                          process groups, collective timeouts, stall dumps, stop signals, console
     engine/                           the Engine interface, one class per backend, parallelize, spikes
+    dryrun/                           python -m launch.dryrun (the real step of any world size, one process)
     checkpoint/                       checkpointer of parts, inspection (find, check, load a GPT), manifest,
                                       safe DCP reading, the portable (any-backend) view
     run/                              setup, run directory, resume, lock, train state, meter, progress,

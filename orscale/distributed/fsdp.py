@@ -37,12 +37,14 @@ from orscale.distributed.owners import (
     InFlight,
     Layout,
     OwnerMuonFamily,
+    a2a_sent,
     all_gather_into,
     cat_or_empty,
     exchange_plan,
     landed,
     row_split,
 )
+from orscale.muon_family import N_COLS
 from orscale.newton_schulz import resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList
 
@@ -125,8 +127,22 @@ class ShardedMuonFamily(OwnerMuonFamily):
         """Partial sums over row shards → totals: ONE all_reduce (shard group) for every matrix."""
         if self._shards > 1:
             dist.all_reduce(sums, group=self._group)
-            self._sent(2 * (self._shards - 1) / self._shards * sums.numel() * sums.element_size())
+            self._sent(self._norm_bytes(sums.shape[0]))
         return sums
+
+    def _norm_bytes(self, n_matrices: int) -> int:
+        S = self._shards  # a ring all_reduce of [N, N_COLS] fp32: 2(S−1)/S of it
+        return int(2 * (S - 1) / S * n_matrices * N_COLS * 4) if S > 1 else 0
+
+    def _bucket_bytes(self, lays: list[Layout], rank: int, q_bytes: int) -> int:
+        S, me = self._shards, rank % self._shards
+        if self.mode == "replicate":  # one all_gather of the row-padded M̂ shards
+            return (S - 1) * sum(lay.rows[0] * lay.n for lay in lays) * 4 if S > 1 else 0
+        plan = exchange_plan(lays, rank, S, self._replicas)
+        out = (a2a_sent(plan.to_owner, me) * 4 + a2a_sent(plan.at_owner, me) * q_bytes) if S > 1 else 0
+        if self._replicas > 1:
+            out += (self._replicas - 1) * max(plan.shared) * q_bytes
+        return out
 
     def _a2a(self, recv: Tensor, send: Tensor, recv_splits: list[int], send_splits: list[int]) -> Any:
         """One all_to_all in the shard group, started; counts what leaves this rank."""
@@ -134,7 +150,7 @@ class ShardedMuonFamily(OwnerMuonFamily):
             recv.copy_(send)
             return None
         work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group, async_op=True)
-        self._sent((sum(send_splits) - send_splits[self._rank % self._shards]) * send.element_size())
+        self._sent(a2a_sent(send_splits, self._rank % self._shards) * send.element_size())
         return work
 
     def _to_owners(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> InFlight:

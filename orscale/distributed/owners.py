@@ -9,7 +9,9 @@ elements (``make_buckets``).
 
 * ``orscale.distributed.fsdp.ShardedMuonFamily``: FSDP2 DTensor row shards (1-D mesh, or HSDP's
   2-D "replicate" × "shard" mesh), all_to_all to owners and back.
-* ``orscale.distributed.ddp.ReplicatedMuonFamily``: DDP replicated params, NS on owners, all_gather.
+* ``orscale.distributed.ddp.ReplicatedMuonFamily``: DDP replicated params, NS on owners; each bucket
+  holds up to one run of matrices per owner (``owner_buckets``), shared by one all_gather (or, where
+  few owners would leave it mostly padding, one broadcast per owner).
 * ``orscale.distributed.zero.ZeroShardedOptimizer``: DeepSpeed ZeRO-1/2 flat partitions.
 
 The buckets run as a pipeline (``overlap=True``): the collective that brings bucket k+1 to its
@@ -20,8 +22,10 @@ collectives and ``bench/bench_scaling.py``'s byte model both read it).
 
 Counters of the latest step (host ints, on every rank): ``ns_calls`` (matrices orthogonalised
 here), ``bytes_sent`` (bytes this rank put on the wire: all_to_all counts what goes to other
-ranks; all_gather and all_reduce count a ring algorithm's (W−1)·chunk and 2(W−1)/W·size) and
-``n_collectives``.
+ranks; all_gather, all_reduce and broadcast count a ring algorithm's (W−1)·chunk, 2(W−1)/W·size
+and, on every rank but the root's predecessor in the ring, the buffer) and ``n_collectives``.
+``planned_bytes_sent(rank)`` is the same count for any rank of a step in which every matrix has
+a gradient, from the same plans (the dry run, ``python -m launch.dryrun``, reads it).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from orscale.muon_family import GroupWork, MuonFamily
-from orscale.newton_schulz import newton_schulz_many
+from orscale.newton_schulz import newton_schulz_many, resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList
 
 MODES = ("owner", "replicate")
@@ -43,6 +47,7 @@ MODES = ("owner", "replicate")
 # docs/scaling.md): 0.92-0.94x the one-bucket step on 2 and 4 CPU ranks, FSDP2 and HSDP, where 2^19
 # and 2^17 were not reliably faster (up to 1.3x slower: more collectives); matrices larger than
 # it (125m and up) travel one per bucket, which is what the pipeline needs to overlap anything.
+# DDP's buckets (owner_buckets) apply the cap to each owner's run: up to W matrices per bucket.
 DEFAULT_BUCKET_NUMEL = 1 << 21
 
 
@@ -50,6 +55,13 @@ def ns_cost(shape: tuple[int, ...]) -> int:
     """Newton–Schulz flops up to a constant: m·n·min(m, n)."""
     m, n = shape
     return m * n * min(m, n)
+
+
+def ns_flops(shape: tuple[int, ...], steps: int) -> float:
+    """FLOPs of one m × n matrix's NS (``newton_schulz._iterate`` on the wide orientation, m ≤ n):
+    per iteration A = XXᵀ (2m²n), A² (2m³), (bA + cA²)·X (2m²n)."""
+    m, n = sorted(shape[-2:])
+    return steps * (4 * m * m * n + 2 * m**3)
 
 
 def assign_owners(shapes: list[tuple[int, ...]], world: int, replicas: int = 1) -> list[int]:
@@ -96,6 +108,23 @@ def make_buckets(numels: list[int], cap: int) -> list[list[int]]:
     return out
 
 
+def owner_buckets(owners: list[int], numels: list[int], world: int, cap: int) -> list[list[int]]:
+    """Buckets in which every owner contributes its own matrices (Muon's layout): each rank's
+    matrices, largest first, cut into runs of ≤ cap elements (≥ 1 matrix: ``make_buckets``);
+    bucket j holds every rank's j-th run, so it has up to `world` owners and matrices of one size
+    travel together (an all_gather pads each rank's run to the bucket's longest). Positions sorted."""
+    runs = []
+    for r in range(world):
+        mine = sorted((i for i, o in enumerate(owners) if o == r), key=lambda i: (-numels[i], i))
+        runs.append([[mine[k] for k in b] for b in make_buckets([numels[i] for i in mine], cap)])
+    return [sorted(i for rr in runs if j < len(rr) for i in rr[j]) for j in range(max(map(len, runs), default=0))]
+
+
+def a2a_sent(send_splits: list[int], me: int) -> int:
+    """Elements an all_to_all takes from rank `me` to the others (its own split stays home)."""
+    return sum(send_splits) - send_splits[me]
+
+
 def all_gather_into(out: Tensor, inp: Tensor, group: dist.ProcessGroup | None, async_op: bool = False) -> Any:
     """Every rank's equal-size `inp`, rank-major, into `out` (newer torch: all_gather_single)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -133,8 +162,12 @@ class ExchangePlan:
 def exchange_plan(lays: list[Layout], rank: int, shards: int, replicas: int = 1) -> ExchangePlan:
     """Who sends what to whom for the bucket `lays` (see ExchangePlan)."""
     group, me = divmod(rank, shards)
-    by_replica = [[k for k, lay in enumerate(lays) if lay.owner // shards == r] for r in range(replicas)]
-    by_owner = [[k for k in by_replica[group] if lays[k].owner % shards == d] for d in range(shards)]
+    by_replica: list[list[int]] = [[] for _ in range(replicas)]
+    for k, lay in enumerate(lays):
+        by_replica[lay.owner // shards].append(k)
+    by_owner: list[list[int]] = [[] for _ in range(shards)]  # one pass: a dry run asks for 512 ranks' plans
+    for k in by_replica[group]:
+        by_owner[lays[k].owner % shards].append(k)
 
     def rows(k: int, s: int) -> int:
         return lays[k].rows[s] * lays[k].n
@@ -243,7 +276,7 @@ class OwnerMuonFamily(MuonFamily):
         if self._world == 1 or (self.mode == "replicate" and not self._sharded_rows):
             return super().orthogonalize(w, m_hats)
         lays = [self._layout[id(p)] for p in w.params]
-        buckets = make_buckets([lay.m * lay.n for lay in lays], self.bucket_numel)
+        buckets = self._buckets(lays)
 
         def send(k: int) -> InFlight:
             return self._to_owners(w.group, [m_hats[i] for i in buckets[k]], [lays[i] for i in buckets[k]])
@@ -279,6 +312,50 @@ class OwnerMuonFamily(MuonFamily):
         while returning:
             advance()
         return [qs[i] for i in range(len(m_hats))]
+
+    def _buckets(self, lays: list[Layout]) -> list[list[int]]:
+        """The step's buckets over one group's matrices (positions into `lays`): consecutive runs
+        of ≤ ``bucket_numel`` elements (row shards go to every owner in one all_to_all anyway)."""
+        return make_buckets([lay.m * lay.n for lay in lays], self.bucket_numel)
+
+    def planned_bytes_sent(self, rank: int) -> int:
+        """What ``bytes_sent`` reads on `rank` (an owner slot, as ``_rank``) after a step in which
+        every matrix has a gradient: each group's buckets as the step cuts them, then the norm sums.
+        From the layouts alone, so a dry run can ask it for every rank of a world it never runs."""
+        if self._world == 1 or (self.mode == "replicate" and not self._sharded_rows):
+            return 0
+        total, n = 0, 0
+        for g in self.param_groups:
+            lays = [self._layout[id(p)] for p in g["params"]]
+            q_bytes = resolve_ns_dtype(g["ns_dtype"]).itemsize
+            total += sum(self._bucket_bytes([lays[k] for k in b], rank, q_bytes) for b in self._buckets(lays))
+            n += len(lays)
+        return total + self._norm_bytes(n)
+
+    @property
+    def owner_slots(self) -> int:
+        """The ranks NS work is dealt over (owner = 0 .. owner_slots − 1): the group's, times the
+        replica groups with the replica split; global rank g is slot g % owner_slots."""
+        return self._world
+
+    def planned_ns_flops(self, rank: int) -> float:
+        """NS FLOPs owner slot `rank` runs in a step in which every matrix has a gradient (every
+        matrix's, where each rank runs every NS: ``mode="replicate"`` or one rank)."""
+        everywhere = self._world == 1 or self.mode == "replicate"
+        return sum(
+            ns_flops((lay.m, lay.n), g["ns_steps"])
+            for g in self.param_groups
+            for lay in (self._layout[id(p)] for p in g["params"])
+            if everywhere or lay.owner == rank
+        )
+
+    def _bucket_bytes(self, lays: list[Layout], rank: int, q_bytes: int) -> int:
+        """Bytes `rank` sends in one bucket's exchange (the plan its collectives are cut from)."""
+        raise NotImplementedError
+
+    def _norm_bytes(self, n_matrices: int) -> int:
+        """Bytes this rank sends summing the [N, N_COLS] fp32 norm sums (none when local)."""
+        return 0
 
     def _to_owners(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> InFlight:
         """Start moving one bucket's M̂ to its owners; the result: the matrices this rank owns (in

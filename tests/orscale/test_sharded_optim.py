@@ -12,7 +12,16 @@ from torch import nn
 from bench.bench_scaling import optimizer_bytes_sent
 from orscale import MuonFamily, OptimConfig, ReplicatedMuonFamily, ShardedMuonFamily, build_optimizers
 from orscale import OptimConfigError as ConfigError
-from orscale.distributed.owners import Layout, assign_owners, exchange_plan, make_buckets, ns_cost, row_split
+from orscale.distributed.ddp import gather_plan
+from orscale.distributed.owners import (
+    Layout,
+    assign_owners,
+    exchange_plan,
+    make_buckets,
+    ns_cost,
+    owner_buckets,
+    row_split,
+)
 from tests.orscale import sharded_worker
 from tests.orscale.sharded_worker import FLAVOURS, LRS, PRESETS, bucketed_runs, muon_shapes
 
@@ -194,6 +203,27 @@ def test_make_buckets() -> None:
     assert make_buckets([5, 5, 5], 10) == [[0, 1], [2]]
     assert make_buckets([50, 5, 60], 10) == [[0], [1], [2]]  # oversized matrices go alone
     assert make_buckets([], 10) == []
+
+
+def test_owner_buckets_take_a_run_from_every_owner() -> None:
+    # 3 owners; matrices above the cap: bucket j holds every owner's j-th largest matrix
+    owners, numels = [0, 1, 2, 0, 1, 0], [50, 50, 50, 30, 30, 20]
+    assert owner_buckets(owners, numels, 3, 10) == [[0, 1, 2], [3, 4], [5]]
+    assert owner_buckets(owners, numels, 3, 100) == [[0, 1, 2, 3, 4, 5]]  # small ones share a run
+    assert owner_buckets([1, 1], [4, 9], 2, 10) == [[1], [0]]  # largest first; rank 0 owns nothing
+    assert owner_buckets([], [], 4, 10) == []
+
+
+def test_gather_plan_pads_only_when_owners_are_even() -> None:
+    lay = lambda o, m: Layout(o, m, 4, (m,) * 4, (0,) * 4)  # noqa: E731
+    even = gather_plan([lay(0, 8), lay(1, 8), lay(2, 8), lay(3, 8)], 4)
+    assert not even.broadcast and even.width == 32 and [even.padding(r) for r in range(4)] == [0] * 4
+    assert [even.sent(r) for r in range(4)] == [96] * 4  # a ring all_gather: (W - 1) chunks
+    sparse = gather_plan([lay(2, 8), lay(3, 4)], 4)  # two owners of four: the gather would be 5/8 zeros
+    assert sparse.broadcast and [sparse.padding(r) for r in range(4)] == [0] * 4
+    # rank r passes each owner's buffer on unless it is the ring's last (the owner's predecessor)
+    assert [sparse.sent(r) for r in range(4)] == [32 + 16, 16, 32, 32 + 16]
+    assert sum(sparse.sent(r) for r in range(4)) == 3 * (32 + 16)
 
 
 def _named(seed: int = 0):

@@ -1,0 +1,96 @@
+"""What the dry run prints: one rank's figures with every rank's spread (`describe`), and the table
+of many configurations for docs/scaling.md (`table`, `batch_for`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launch.config import load_config
+from launch.dryrun.measure import UNSUPPORTED, DryRun
+
+GIB, MIB, GB, MB = 2**30, 2**20, 1e9, 1e6
+LAYOUTS = ("fsdp", "hsdp", "ddp")
+
+
+def _spread(values: list, scale: float, fmt: str = ",.2f") -> str:
+    lo, hi, mean = min(values), max(values), sum(values) / len(values)
+    return f"{lo / scale:{fmt}} / {mean / scale:{fmt}} / {hi / scale:{fmt}}"
+
+
+def _layout(r: DryRun) -> str:
+    if r.backend == "hsdp":
+        return f"HSDP {r.replicate} x {r.world // r.replicate}"
+    return {"fsdp": "FSDP2", "ddp": "DDP", "none": "one process"}[r.backend] + f" over {r.world}"
+
+
+def describe(r: DryRun) -> str:
+    """The per-rank account of one dry run (min / mean / max over every rank of the world)."""
+    per_step = [r.gather * r.accum + r.reduce + x + r.step_other for x in r.exchange]
+    flags = (
+        f"FSDP2 parameters {r.param_dtype} in forward/backward, resharded after forward: {'yes' if r.reshard else 'no'}"
+    )
+    lines = [
+        f"dry run of {r.config}: {_layout(r)} ranks; rank {r.rank} set up and stepped on a fake process group "
+        f"in {r.seconds:.1f} s",
+        f"micro-batch {r.micro_batch} x {r.seq_len}, {r.accum} per step; "
+        + (flags if r.backend in ("fsdp", "hsdp") else "DDP: fp32 parameters, bf16 autocast"),
+        *[f"note: {n}" for n in r.notes],
+        "",
+        "per rank                              min / mean / max over ranks",
+        f"parameters (GiB)                      {_spread(r.params, GIB)}",
+        f"gradients (GiB)                       {_spread(r.grads, GIB)}",
+        f"optimizer state (GiB)                 {_spread(r.opt_state, GIB)}",
+        f"Newton-Schulz (GFLOP per step)        {_spread(r.ns_flops, 1e9, ',.0f')}",
+        f"owner exchange (MB sent per step)     {_spread(r.exchange, MB, ',.1f')}",
+        f"all collectives (GB sent per step)    {_spread(per_step, GB)}",
+        f"  parameter all-gathers               {r.gather * r.accum / GB:,.2f} ({r.accum} x {r.gather / GB:,.2f})",
+        f"  gradient reduce-scatter/all-reduce  {r.reduce / GB:,.2f}",
+        f"  the step's others (clip norm)       {r.step_other / GB:,.6f}",
+        f"activations, micro-batch (GiB)        {r.activations / GIB:,.2f}   (rank {r.rank})",
+        f"peak, steady state (GiB)              {r.peak / GIB:,.2f}   (rank {r.rank})",
+        "",
+        f"check: rank {r.rank}'s optimizer counted {r.exchange_measured:,} bytes in its real step; "
+        f"its plan says {r.exchange[r.rank]:,}"
+        + (" (equal)" if r.exchange_measured == r.exchange[r.rank] else " (DIFFERENT)"),
+    ]
+    return "\n".join(lines)
+
+
+def batch_for(config: str | Path, world: int) -> list[str]:
+    """Overrides that let the config's step run on `world` ranks, as a user would set them: the
+    config's step, or, when its sequences do not split evenly over the ranks, the next step that
+    does (one sequence per rank when there are more ranks than sequences); the largest micro-batch
+    up to the config's that divides a rank's share; as many logical data shards as ranks where the
+    config's do not split over them and the step (launch/config.py, launch/run/setup.py)."""
+    cfg = load_config(str(config))
+    seq, micro, shards = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.data.logical_shards
+    sequences = cfg.train.tokens_per_step // seq
+    share = -(-sequences // world)
+    out = [] if sequences == share * world else [f"train.tokens_per_step={share * world * seq}"]
+    out.insert(0, f"train.micro_batch_size={max(m for m in range(1, min(micro, share) + 1) if share % m == 0)}")
+    if shards % world or (share * world) % shards:
+        out.append(f"data.logical_shards={world}")
+    return out
+
+
+TABLE_HEAD = (
+    "| model | ranks | layout | micro-batch × accum | params MiB | grads MiB | optimizer state MiB (max) "
+    "| NS GFLOP max / mean | owner exchange MB max / mean | all collectives GB/step (max) "
+    "| activations GiB | peak GiB | s |\n" + "| --- " * 13 + "|"
+)
+
+
+def table_row(r: DryRun) -> str:
+    per_step = max(r.gather * r.accum + r.reduce + x + r.step_other for x in r.exchange)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return (
+        f"| {r.config} | {r.world} | {_layout(r).split(' over')[0]} | {r.micro_batch} × {r.accum} "
+        f"| {max(r.params) / MIB:,.0f} | {max(r.grads) / MIB:,.0f} | {max(r.opt_state) / MIB:,.0f} "
+        f"| {max(r.ns_flops) / 1e9:,.0f} / {mean(r.ns_flops) / 1e9:,.0f} "
+        f"| {max(r.exchange) / MB:,.1f} / {mean(r.exchange) / MB:,.1f} | {per_step / GB:,.2f} "
+        f"| {r.activations / GIB:.2f} | {r.peak / GIB:.2f} | {r.seconds:.0f} |"
+    )
+
+
+def unsupported_rows() -> list[str]:
+    return [f"ZeRO-1/2 (`parallel.backend={b}`): not run; {why}." for b, why in UNSUPPORTED.items() if b == "zero2"]
