@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.sweep.spec import Cell, CellGroup, Sweep
+from launch.sweep.cells import Cell, CellGroup, Sweep
 from launch.sweep.spec_values import fail
 from orscale import OptimConfig
 from orscale.schedule import decay_steps
