@@ -317,5 +317,7 @@ def setup_run(cfg: Config) -> Run:
         meta,
         accum_steps,
         start_step=state.step,
-        tracing=StepTracing(cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step),
+        tracing=StepTracing(
+            cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step, start_step=state.step
+        ),
     )
