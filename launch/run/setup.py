@@ -249,7 +249,8 @@ def setup_run(cfg: Config) -> Run:
             )
         found = find_resume_point(cfg.run, resolved, run_dir)
         if found is not None:
-            check_resume_compatible(read_meta(found), meta)
+            branch = bool(cfg.run.init_from) and run_path.resolve() not in found.resolve().parents
+            check_resume_compatible(read_meta(found), meta, branch_start=found if branch else None)
             engine_type.check_checkpoint(found, env.world_size)
         return found
 

@@ -1,4 +1,4 @@
-"""Token budgets as cooldown branches in a sweep (issue 42): a scale with `branch_of: <label>`.
+"""Token budgets as cooldown branches in a sweep: a scale with `branch_of: <label>`.
 
     scales:
       - {label: s2-wsd, model.n_layer: 3, ..., train.max_steps: 768, optim.schedule: wsd, optim.decay_fraction: 0.2}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import metrics, run_many
+from tests.helpers import measured_apart, run_many
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,6 @@ RUN = [
     "run.keep_checkpoints=0",
     "train.eval_every=4",
 ]
-MEASURED = {"tokens_per_s", "mfu", "mfu_causal", "peak_mem_gib", "peak_rss_gib", "data_wait_frac"}
-
-
-def _lines(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in m.items() if k not in MEASURED} for m in metrics(run_dir)]
 
 
 def _resumed_lines_equal_the_straight_runs(tmp_path: Path, backends: list[str], nproc: int) -> None:
@@ -41,7 +36,7 @@ def _resumed_lines_equal_the_straight_runs(tmp_path: Path, backends: list[str], 
             shutil.rmtree(d / f"checkpoints/step_{step:08d}")
     run_many([[*RUN, f"parallel.backend={b}", f"run.dir={d}"] for b, d in resumed.items()], nproc)
     for b in backends:
-        want, got = _lines(straight[b]), _lines(resumed[b])
+        want, got = measured_apart(straight[b]), measured_apart(resumed[b])
         assert any(m.get("diag/all/cum_frac_rmax", 0) > 0 for m in want), "no step clipped: the test sees nothing"
         assert [m["step"] for m in got] == [m["step"] for m in want], b
         for a, w in zip(got, want, strict=True):
