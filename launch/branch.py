@@ -164,13 +164,13 @@ def check_overrides(extra: list[str]) -> None:
             )
 
 
-def check_branch(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> list[str]:
+def check_branch(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> None:
     """What the branch's train.py would refuse at its start, checked now (one UserError line): its
     config with the user's overrides, on `nproc` processes, and the parent checkpoint it starts from.
-    Returns the config's warnings."""
+    (Its config's warnings, if any, its train.py says.)"""
     with _launched_as(nproc):
         cfg = load_config(str(parent / "config.yaml"), [*branch.overrides(), *extra])
-    warnings = check_config(cfg, nproc)
+    check_config(cfg, nproc)
     problem = check_loadable(branch.start)
     if problem is not None:
         raise UserError(
@@ -181,7 +181,6 @@ def check_branch(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> 
     saved = read_meta(branch.start)
     model = dataclasses.asdict(cfg.model.resolve())
     refuse_incompatible(saved, {**saved, "config": to_dict(cfg), "model": model})
-    return warnings
 
 
 def branch_argv(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> list[str]:
@@ -233,12 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         check_flags(args)
         check_overrides(args.overrides)
         branches = plan_branches(parent, sorted(set(args.budgets)), out, args.decay_fraction, args.decay_steps)
-        warnings = {w for branch in branches for w in check_branch(parent, branch, args.nproc, args.overrides)}
+        for branch in branches:
+            check_branch(parent, branch, args.nproc, args.overrides)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for line in sorted(warnings):
-        print(f"warning: {line}", file=sys.stderr)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     failed = 0
     for branch in branches:
