@@ -126,12 +126,13 @@ def plan_branches(
                 "starts right at its cooldown) and run.keep_checkpoints=0"
             )
         start = max(usable)
-        note = (
-            f"longer than the parent's {total} steps: the branch trains steps {start + 1}-{first} at the peak LR "
-            "itself, then its cooldown"
-            if budget > total
-            else ""
-        )
+        note = ""
+        if budget > total:  # past the parent's end: nothing of the parent's covers the steps after `start`
+            stable = f"steps {start + 1}-{first} at the peak LR, then " if first > start else ""
+            note = (
+                f"longer than the parent's {total} steps: from its step {start} the branch trains the rest "
+                f"itself, {stable}its cooldown (steps {first + 1}-{budget})"
+            )
         branches.append(Branch(budget, decay, saved[start], out / f"budget_{budget}", note))
     return branches
 

@@ -134,7 +134,10 @@ def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path,
     assert branch.main(["--parent", str(parent), "--budgets", "40", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "budget 40: cooldown of 10 steps from " + str(parent / "checkpoints/step_00000024") in out
-    assert "note: longer than the parent's 32 steps: the branch trains steps 25-30 at the peak LR itself" in out
+    assert (
+        "  note: longer than the parent's 32 steps: from its step 24 the branch trains the rest itself, steps "
+        "25-30 at the peak LR, then its cooldown (steps 31-40)\n"
+    ) in out
     # no parent checkpoint before the cooldown's start; a cooldown inside the warmup
     assert branch.main(["--parent", str(parent), "--budgets", "4", "--decay-steps", "1", "--dry-run"]) == 2
     assert branch.main(["--parent", str(parent), "--budgets", "3", "--decay-steps", "2", "--dry-run"]) == 2
