@@ -373,7 +373,8 @@ def validate(cfg: Config) -> None:
         windows % d.logical_shards == 0,
         f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
         f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
-        "change one of them",
+        f"set data.logical_shards={math.gcd(windows, d.logical_shards)} (it must also be a multiple of the "
+        f"number of ranks) or train.tokens_per_step to a multiple of {d.logical_shards * d.seq_len}",
     )
 
 

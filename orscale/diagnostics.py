@@ -23,8 +23,10 @@ STEP_FIELDS: tuple[str, ...] = (
     "at_rmin",  # 1 where the raw ratio was clipped up to r_min
     "at_rmax",  # 1 where the raw ratio was clipped down to r_max
 )
-# Columns of the cumulative counters [n_matrices, len(CUM_FIELDS)], summed over steps.
+# Entries of each matrix's cumulative counters, summed over steps: optimizer state CLIP_COUNTS (fp32,
+# [len(CUM_FIELDS)]), so that checkpoints carry them like any other state.
 CUM_FIELDS: tuple[str, ...] = ("steps", "at_rmin", "at_rmax")
+CLIP_COUNTS = "clip_counts"
 
 _CLASS_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("attn.qkv.weight", "attn_qkv"),
@@ -92,12 +94,12 @@ def merge_rows(parts: Sequence[Sequence[Sequence[Any]]]) -> dict[str, float]:
 
 class DiagnosticsMixin:
     """Host-side readers for an optimizer that, at each step, appends ``(names, tensor[n,
-    len(STEP_FIELDS)])`` to ``self._last_diag`` and keeps per-group cumulative counters
-    ``self._cum`` (tensor[n_group_params, len(CUM_FIELDS)]) on the device."""
+    len(STEP_FIELDS)])`` to ``self._last_diag`` and keeps each matrix's cumulative counters in its
+    state, ``state[p][CLIP_COUNTS]`` (tensor[len(CUM_FIELDS)]), on the device."""
 
     _last_diag: list[tuple[list[str], torch.Tensor]]
-    _cum: list[torch.Tensor]
     param_groups: list[dict]
+    state: Any
 
     def _names(self, gi: int, group: dict) -> list[str]:
         """Every parameter's name in group `gi` (the optimizer defines it)."""
@@ -105,16 +107,15 @@ class DiagnosticsMixin:
 
     def record_step(
         self,
-        group_index: int,
         names: list[str],
-        index: torch.Tensor | None,
+        counters: list[torch.Tensor],
         values: list[torch.Tensor],
         clip: tuple[float, float] | None,
     ) -> None:
         """Append this step's rows for ``names`` (``values``: the STEP_FIELDS before the clip
-        flags, each [n]) and add to the cumulative counters; ``clip`` = (r_min, r_max) of a
-        clipped trust ratio, None without one. ``index``: the rows' positions in the group's
-        counters (None: all of them). Stays on the device."""
+        flags, each [n]) and add to their cumulative ``counters`` (each matrix's CLIP_COUNTS, in
+        the same order); ``clip`` = (r_min, r_max) of a clipped trust ratio, None without one.
+        Stays on the device."""
         r_raw = values[0]
         if clip is None:
             at_min = at_max = torch.zeros_like(r_raw)
@@ -122,11 +123,7 @@ class DiagnosticsMixin:
             at_min, at_max = (r_raw <= clip[0]).float(), (r_raw >= clip[1]).float()
         self._last_diag.append((names, torch.stack([*values, at_min, at_max], dim=1)))
         inc = torch.stack([torch.ones_like(at_min), at_min, at_max], dim=1)
-        cum = self._cum[group_index]
-        if index is None:
-            cum.add_(inc)
-        else:
-            cum.index_add_(0, index, inc)
+        torch._foreach_add_(counters, list(inc.unbind(0)))
 
     def diagnostics(self) -> dict[str, float]:
         """Means per matrix class of the latest step's diagnostics (``diag/<class>/<field>``) and
@@ -141,7 +138,8 @@ class DiagnosticsMixin:
         if not self._last_diag:
             return [], [], [], []
         device = self._last_diag[0][1].device
-        parts = [t.reshape(-1) for _, t in self._last_diag] + [c.reshape(-1) for c in self._cum]
+        counters = [self.state[p][CLIP_COUNTS] for group in self.param_groups for p in group["params"]]
+        parts = [t.reshape(-1) for _, t in self._last_diag] + counters
         flat = torch.cat([t.to(device) for t in parts]).tolist()  # the one transfer
         step_names, step_rows, at = [], [], 0
         for names, t in self._last_diag:
@@ -154,8 +152,8 @@ class DiagnosticsMixin:
         for gi, group in enumerate(self.param_groups):
             for name in self._names(gi, group):
                 cum_names.append(name)
-                cum_rows.append(flat[at : at + 3])
-                at += 3
+                cum_rows.append(flat[at : at + len(CUM_FIELDS)])
+                at += len(CUM_FIELDS)
         return step_names, step_rows, cum_names, cum_rows
 
     def matrix_diagnostics(self) -> dict[str, dict[str, float]]:
@@ -168,8 +166,9 @@ class DiagnosticsMixin:
 
     def reset_diagnostics(self) -> None:
         """Zero the cumulative clip counters (e.g. after warmup)."""
-        for cum in self._cum:
-            cum.zero_()
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p][CLIP_COUNTS].zero_()
 
 
 def collect_diagnostics(optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, float]:

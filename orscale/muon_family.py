@@ -17,8 +17,9 @@ runs on the tensors ``_local`` returns (the tensor itself here; a DTensor's loca
 
 The step never syncs with the host: trust ratios, calibration and diagnostics stay on the device
 and branch with ``torch.where``; only Python floats (lr, weight decay, choices) steer control flow.
-State is created eagerly in ``__init__`` (momentum zeros; ``c`` = 0 meaning "not calibrated") so a
-checkpoint helper's zero-gradient, lr = 0 dry-run step neither creates nor calibrates anything.
+State is created eagerly in ``__init__`` (momentum zeros; ``c`` = 0 meaning "not calibrated"; the
+cumulative clip counters at 0) so a checkpoint helper's zero-gradient, lr = 0 dry-run step neither
+creates nor calibrates anything.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from orscale.calibration import calibrate, ratio_terms, trust_ratio
-from orscale.diagnostics import DiagnosticsMixin
+from orscale.diagnostics import CLIP_COUNTS, CUM_FIELDS, DiagnosticsMixin
 from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
@@ -114,10 +115,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         # Off: compute only the norms the variant needs (no ⟨W,Q⟩, no per-step diag tensors).
         self.track_diagnostics = track_diagnostics
         # Per group, host-built once: shape factors and 1/√numel as device vectors, so the step
-        # needs no host→device copies. Cumulative clip counters live here too (not in `state`:
-        # they are diagnostics, not something a resume needs).
+        # needs no host→device copies.
         self._consts: list[dict[str, Any]] = []
-        self._cum: list[Tensor] = []
         self._index_cache: dict[tuple[int, tuple[int, ...]], Tensor] = {}
         self._last_diag: list[tuple[list[str], Tensor]] = []
         # Work counters of the latest step (host ints; the sharded subclasses fill the comm ones).
@@ -166,18 +165,21 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self._build_consts()
 
     def _init_state(self, group: dict[str, Any]) -> None:
-        """Eager state: momentum zeros (fp32) and, for lazy calibration, c = 0 (fp32, 0-d)."""
+        """Eager state: momentum zeros (fp32), for lazy calibration c = 0 (fp32, 0-d), and the
+        cumulative clip counters (fp32, [len(CUM_FIELDS)]: in the state, so every checkpoint carries
+        them and a resumed run's diag/*/cum_frac_* continue; zeros where a checkpoint lacks them)."""
         for p in group["params"]:
             st = self.state[p]
             if "momentum_buffer" not in st:
                 st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
             if group["calibration"] == "lazy" and "c" not in st:
                 st["c"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            if CLIP_COUNTS not in st:
+                st[CLIP_COUNTS] = torch.zeros(len(CUM_FIELDS), dtype=torch.float32, device=p.device)
 
     def _build_consts(self) -> None:
-        old_cum = self._cum
-        self._consts, self._cum, self._index_cache = [], [], {}
-        for gi, group in enumerate(self.param_groups):
+        self._consts, self._index_cache = [], {}
+        for group in self.param_groups:
             ps = group["params"]
             device = ps[0].device if ps else torch.device("cpu")
             s = [shape_factor(group["shape"], p) for p in ps]
@@ -190,8 +192,6 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                     "variant": _variant(group),
                 }
             )
-            keep = gi < len(old_cum) and old_cum[gi].shape[0] == len(ps)
-            self._cum.append(old_cum[gi] if keep else torch.zeros(len(ps), 3, dtype=torch.float32, device=device))
 
     # ---------------------------------------------------------------- local views
     def _local(self, t: Tensor) -> Tensor:
@@ -226,7 +226,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for sid, p in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(sid, {})
-            for key in ("momentum_buffer", "c"):
+            for key in ("momentum_buffer", "c", CLIP_COUNTS):
                 value = saved.get(key)
                 if isinstance(value, Tensor):
                     self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
@@ -396,4 +396,5 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             upd = lr * sq_upd.clamp_min(0).sqrt()
         ratio = torch.where(w_n > 0, upd / w_n.clamp_min(1e-30), torch.zeros_like(upd))
         clip = None if v.denominator == "none" else (g["r_min"], g["r_max"])
-        self.record_step(w.group_index, w.names, w.index, [r_raw, r, w_n, q_n, ratio, c], clip)
+        counters = [self.state[p][CLIP_COUNTS] for p in w.params]
+        self.record_step(w.names, counters, [r_raw, r, w_n, q_n, ratio, c], clip)

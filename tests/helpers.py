@@ -143,6 +143,16 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
 
 
+# What the clock and the memory measure: the keys of a metrics line that a resumed run (or a branch)
+# may write otherwise than the uninterrupted run.
+MEASURED = frozenset({"tokens_per_s", "mfu", "mfu_causal", "peak_mem_gib", "peak_rss_gib", "data_wait_frac"})
+
+
+def measured_apart(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's lines without the MEASURED keys: what a resume must write again exactly."""
+    return [{k: v for k, v in m.items() if k not in MEASURED} for m in metrics(run_dir)]
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["train_loss"] for m in metrics(run_dir) if "train_loss" in m}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
+from collections.abc import Collection
 from typing import IO, Any
 
 import torch
@@ -19,7 +20,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner itself uses
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 _DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
 ALLOWED: dict[str, set[str]] = {
@@ -77,6 +78,22 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
+    def __init__(self, optional_state: Collection[str] = ()) -> None:
+        """`optional_state`: optimizer state keys (leaves of `optim.state.<param>.`) that a checkpoint may
+        lack, having been written before they existed; those entries keep the values they were given."""
+        super().__init__()
+        self.optional_state = set(optional_state)
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        saved = self.metadata.state_dict_metadata
+        for key in [k for k in self.state_dict if k not in saved and self._optional(k)]:
+            del self.state_dict[key]
+        return super().create_local_plan()
+
+    def _optional(self, key: str) -> bool:
+        return key.startswith("optim.state.") and key.rsplit(".", 1)[-1] in self.optional_state
+
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         # Non-tensor entries (optimizer hyperparameters, names) are plain Python values.
         obj = torch.load(value, weights_only=True)
@@ -86,11 +103,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def dcp_load(state: dict[str, Any], directory: str, no_dist: bool = False) -> None:
+def dcp_load(
+    state: dict[str, Any], directory: str, *, no_dist: bool = False, optional_state: Collection[str] = ()
+) -> None:
     """`torch.distributed.checkpoint.load` of `state` from `directory`, without unpickling code.
-    `no_dist`: this process reads alone (no collective), whatever process group exists."""
+    `no_dist`: this process reads alone (no collective), whatever process group exists;
+    `optional_state`: optimizer state keys an older checkpoint may lack (SafeLoadPlanner)."""
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():  # "assuming a single process": intended where no group exists
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(), no_dist=no_dist)
+        planner = SafeLoadPlanner(optional_state)
+        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=planner, no_dist=no_dist)

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from launch.checkpoint.async_writer import HostStager
 from launch.checkpoint.dcp_safe import dcp_load
+from orscale.diagnostics import CLIP_COUNTS
 
 # DCP warns on every single-process save/load that it assumes no process group: that is intended.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -63,7 +64,7 @@ class ModelAndOptimizers:
     def load(self, directory: Path) -> None:
         model_sd, optim_sd = get_state_dict(self.module, self.optimizers)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        dcp_load(state, str(Path(directory) / "dcp"))
+        dcp_load(state, str(Path(directory) / "dcp"), optional_state=(CLIP_COUNTS,))  # older checkpoints: from 0
         set_state_dict(self.module, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def load_logical(self, weights: dict[str, Any], state: dict[str, Any]) -> None:

@@ -73,6 +73,9 @@ def describe_failure(err: BaseException, root: Path, need: int, written: int, la
     if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(err, RuntimeError) and free_bytes(root) < NEARLY_FULL):
         what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
         reason = f"{what} on {fs} ({size})"
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):  # the directory, not the disk: say which and the fix
+        what = "is on a read-only file system" if code == errno.EROFS else "is not writable (permission denied)"
+        reason = f"{root} {what}; make it writable, or give the run a run.dir where it can write"
     elif isinstance(err, OSError):
         where = f" ({err.filename})" if getattr(err, "filename", None) else ""
         reason = f"{os.strerror(code) if code else err}{where} on {fs}"

@@ -1,6 +1,8 @@
 """One writer per run directory: an exclusive `flock` on `<run.dir>/.lock`, held by rank 0 for the run's life and
-released by the kernel when the process ends however it ends (kill -9 included). A start that fails before training
-removes what taking the lock created, so a refused launch leaves nothing the user did not have."""
+released by the kernel when the process ends however it ends (kill -9 included). A run that ends (finished, stopped,
+or on an error it reports) removes the lock file as it releases it; one killed keeps it, naming its holder, and the
+next launch takes it over (the flock is what is held, not the file). A start that fails before training also removes
+the directories taking the lock created, so a refused launch leaves nothing the user did not have."""
 
 from __future__ import annotations
 
@@ -87,19 +89,20 @@ class RunLock:
             return False
 
     def release(self, discard: bool = False) -> None:
-        """Unlock. `discard`: the run never started (a refused or failed start): first remove what
-        `acquire` created, the lock file and then each directory made for it that is still empty."""
+        """Unlock and remove the lock file (removed while held: a launch waiting on it locks the file
+        there afterwards, `acquire`). `discard`: the run never started (a refused or failed start):
+        also remove each directory `acquire` made for it that is still empty."""
         if self._fh is None:
             return
-        if discard:
-            for path in self._created:  # removed while held: a launch waiting on it re-locks the new one
-                try:
-                    if path == self.path:
-                        path.unlink()
-                    else:
-                        path.rmdir()
-                except OSError:  # not empty (something else was written there) or gone: keep the rest
-                    break
+        if self._is_current(self._fh):
+            self.path.unlink(missing_ok=True)
+        for path in self._created if discard else []:
+            if path == self.path:
+                continue
+            try:
+                path.rmdir()
+            except OSError:  # not empty (something else was written there) or gone: keep the rest
+                break
         self._created = []
         fcntl.flock(self._fh, fcntl.LOCK_UN)
         self._fh.close()

@@ -7,7 +7,13 @@ step returns at once: no profiler object exists and nothing is recorded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,11 @@ from launch.run import cuda_memory
 log = logging.getLogger("orscale")
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+# What torch prints around every window, saying nothing a user can act on: Kineto's (C++, straight to
+# file descriptor 2) "USDT:<time> ... profiler_start" / "profiler_stop" lines, and the Python warning
+# that each window starts with an empty event list (what the trace per window wants).
+_KINETO_LINES = (b"USDT:", (b"] profiler_start", b"] profiler_stop"))
+_EVENTS_CLEARED = "Warning: Profiler clears events at the end of each cycle"
 
 
 class OutOfMemory(UserError):
@@ -40,7 +51,11 @@ class StepTracing:
     """The profiler and the memory recording of one launch: `step(n)` after every training step
     (every rank), `out_of_memory(err, n)` when step n ran out of memory, `close()` at the end."""
 
-    def __init__(self, train: TrainConfig, run_dir: Path, rank: int, device: torch.device, steps_left: int) -> None:
+    def __init__(
+        self, train: TrainConfig, run_dir: Path, rank: int, device: torch.device, steps_left: int, start_step: int = 0
+    ) -> None:
+        """`steps_left`: the steps this launch trains; `start_step`: the run's step it starts after (a
+        resume's), so that the trace's `ProfilerStep#N` spans carry the run's step numbers."""
         check_memory_snapshot(train, device)
         self.run_dir, self.rank = Path(run_dir), rank
         self._step = 0  # the run's step that finished last
@@ -55,7 +70,7 @@ class StepTracing:
                 skip_first=p.skip_first, wait=p.wait, warmup=p.warmup, active=p.active, repeat=p.repeat
             )
             first_end = p.skip_first + p.wait + p.warmup + p.active
-            if first_end > steps_left:
+            if first_end > steps_left and rank == 0:  # a config warning: said once
                 log.warning(
                     "train.profile: the first trace ends after %d steps of this launch, which has %d: no trace "
                     "will be written (lower train.profile.skip_first/wait/warmup/active)",
@@ -63,15 +78,20 @@ class StepTracing:
                     steps_left,
                 )
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            # torch numbers its steps (the spans `ProfilerStep#N`) from 0 at the start; here from the
+            # run's first step of this launch, the schedule still counting this launch's steps.
+            first = start_step + 1
             self._profiler = torch.profiler.profile(
                 activities=activities,
-                schedule=self._schedule,
+                schedule=lambda n: self._schedule(max(n - first, 0)),
                 on_trace_ready=self._export_trace,
                 record_shapes=p.record_shapes,
                 profile_memory=p.profile_memory,
                 with_stack=p.with_stack,
             )
-            self._profiler.start()
+            self._profiler.step_num = first
+            with _quiet_profiler():
+                self._profiler.start()
         if self._memory is not None and self._memory.skip_first == 0:
             self._start_recording()
 
@@ -79,7 +99,8 @@ class StepTracing:
         """After the run's step `step` finished (every rank, every step)."""
         self._step, self._done = step, self._done + 1
         if self._profiler is not None:
-            self._profiler.step()
+            with _quiet_profiler():
+                self._profiler.step()
         m = self._memory
         if m is None:
             return
@@ -111,7 +132,8 @@ class StepTracing:
         the recording (with train.memory_snapshot.steps=0: dumped now)."""
         if self._profiler is not None:
             profiler, self._profiler = self._profiler, None
-            profiler.stop()
+            with _quiet_profiler():
+                profiler.stop()
         if self._memory is not None and self._recording:
             self._say(self._dump("step", self._step))
             self._stop_recording()
@@ -152,3 +174,29 @@ class StepTracing:
             path.parent,
             self.rank,
         )
+
+
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """A call into torch.profiler without its two messages of every window (`_KINETO_LINES`,
+    `_EVENTS_CLEARED`); whatever else is written meanwhile is passed on after the call. Kineto writes
+    from C++ to file descriptor 2, so that descriptor is what is read here (into a file, not a pipe,
+    that a long write cannot fill)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_EVENTS_CLEARED)
+                yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            prefix, ends = _KINETO_LINES
+            kept = [line for line in held if not (line.startswith(prefix) and line.rstrip().endswith(ends))]
+            if kept:
+                with os.fdopen(os.dup(2), "wb") as out:
+                    out.write(b"".join(kept))

@@ -20,7 +20,8 @@ from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
-from orscale.optim_config import ELEMENTWISE
+from orscale.optim_config import ELEMENTWISE, OptimConfig
+from orscale.schedule import decay_steps
 from records.read import read_metrics
 
 log = logging.getLogger("orscale")
@@ -42,6 +43,8 @@ QUIET = (
 # Still the same run (extend it), but a resume lists it among the changed settings: max_steps moves the
 # end of the LR schedule, so the resumed steps get other LRs than the checkpoint's run would have.
 HARMLESS = (*QUIET, "config.train.max_steps")
+# What a cooldown branch (launch/branch.py) changes of the run it starts from: its budget and its cooldown.
+BRANCH_KEYS = tuple(f"config.{k}" for k in ("train.max_steps", "optim.decay_steps", "optim.decay_fraction"))
 
 
 def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
@@ -128,8 +131,25 @@ def _move_aside(checkpoints: Path) -> None:
         log.warning("run.resume=restart: the checkpoints there were moved aside to %s (not deleted)", aside.name)
 
 
-def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """ConfigError if the checkpoint cannot continue this run; a warning for changed settings."""
+def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], branch_start: Path | None = None) -> None:
+    """ConfigError if the checkpoint cannot continue this run; a warning for changed settings.
+    `branch_start`: the run starts from run.init_from's checkpoint, that of another (wsd) run: what it
+    changes of that run's schedule (its budget, its cooldown) is what it is, said in one line instead."""
+    old, new, changed = refuse_incompatible(saved, current)
+    routine = [k for k in changed if not any(k.startswith(h) for h in QUIET)]
+    if branch_start is not None and new.get("config.optim.schedule") == "wsd":
+        log.info(_describe_branch(branch_start, old, current["config"]))
+        routine = [k for k in routine if k not in BRANCH_KEYS]
+    if routine:
+        log.warning(
+            "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)
+        )
+
+
+def refuse_incompatible(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict, dict, list[str]]:
+    """ConfigError (one line) if the checkpoint `saved` (its meta.json) cannot continue the run
+    `current` describes (the same keys: format, model, tokenizer, config); else the two flattened and
+    the keys that differ."""
     if saved.get("format", 1) != FORMAT:
         raise ConfigError(
             f"cannot resume: the checkpoint is in format {saved.get('format', 1)} of an older trainer "
@@ -147,11 +167,19 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any]) -> N
             f"{new.get(key)!r}; keep it the same or start a new run.dir"
         )
     _check_param_groups(old, new)
-    routine = [k for k in changed if not any(k.startswith(h) for h in QUIET)]
-    if routine:
-        log.warning(
-            "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)
-        )
+    return old, new, changed
+
+
+def _describe_branch(start: Path, old: dict[str, Any], config: dict[str, Any]) -> str:
+    """'a cooldown branch of runs/wsd from its step 24: 60 steps (the parent's 32), the last 15 a wsd
+    cooldown (from step 46)'."""
+    budget = int(config["train"]["max_steps"])
+    decay = decay_steps(OptimConfig(**config["optim"]), budget)
+    step = int(start.name.split("_")[-1]) if start.name.startswith("step_") else "?"
+    return (
+        f"a cooldown branch of {start.parent.parent} from its step {step}: {budget} steps (the parent's "
+        f"{old.get('config.train.max_steps')}), the last {decay} a wsd cooldown (from step {budget - decay + 1})"
+    )
 
 
 def _check_param_groups(old: dict[str, Any], new: dict[str, Any]) -> None:

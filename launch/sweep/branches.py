@@ -1,4 +1,4 @@
-"""Token budgets as cooldown branches in a sweep (issue 42): a scale with `branch_of: <label>`.
+"""Token budgets as cooldown branches in a sweep: a scale with `branch_of: <label>`.
 
     scales:
       - {label: s2-wsd, model.n_layer: 3, ..., train.max_steps: 768, optim.schedule: wsd, optim.decay_fraction: 0.2}
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.sweep.spec import Cell, CellGroup, Sweep
+from launch.sweep.cells import Cell, CellGroup, Sweep
 from launch.sweep.spec_values import fail
 from orscale import OptimConfig
 from orscale.schedule import decay_steps

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from launch.sweep.spec import Cell, CellGroup, Sweep
+from launch.sweep.branches import branch_cell
+from launch.sweep.cells import Cell, CellGroup, Sweep
 from records.points import GroupPlan, Point, SweepPlan, best, edge, point
 
 State = Callable[[Cell], tuple[bool, float | None]]  # (finished, final val loss)
@@ -194,8 +195,6 @@ def _group(sweep: Sweep, c: Cell) -> CellGroup:
 
 def _add_branches(sweep: Sweep, g: CellGroup, points: list[Point], out: Plan) -> None:
     """The branch cells of `g` at `points` x the seeds that can run now; the others as waiting lines."""
-    from launch.sweep.branches import branch_cell
-
     for p in points:
         for seed in sweep.seeds:
             cell = branch_cell(sweep, g, p, seed)

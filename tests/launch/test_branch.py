@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from launch import branch
-from tests.helpers import ROOT, SMALL, TINY, env, launch_cmd, metrics, train_in_pool, train_losses
+from tests.helpers import ROOT, SMALL, TINY, env, launch_cmd, measured_apart, train_in_pool, train_losses
 from tests.pool import rank_pool
 from tests.pool_jobs import train_runs
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.slow
 # The parent: 32 steps of wsd, warmup 2, its own cooldown the last 8 (stable through step 24);
 # checkpoints every 4 steps, none pruned.
 WSD = ["optim.schedule=wsd", "optim.warmup_steps=2", "optim.name=orscale_lm", "train.eval_every=0"]
+WSD += ["optim.r_max=1.05"]  # some steps clip, some not: the clip counters' fractions tell a restart apart
 PARENT = [*WSD, "optim.decay_fraction=0.25", "train.max_steps=32", "train.ckpt_every=4", "run.keep_checkpoints=0"]
 
 
@@ -58,15 +60,22 @@ def test_a_branch_is_the_run_of_its_budget_and_leaves_the_parent_untouched(paren
     plans = branch.plan_branches(parent, [12, 24], tmp_path / "branches", fraction=0.25)
     assert [(b.budget, b.decay, b.start.name) for b in plans] == [(12, 3, "step_00000008"), (24, 6, "step_00000016")]
     argvs = [["--config", str(parent / "config.yaml"), *b.overrides()] for b in plans]
-    rank_pool(1).run(train_runs, argvs, group=False)
+    (launch,) = rank_pool(1).run_raw(train_runs, argvs, group=False)
+    assert launch.error is None, launch.log
+    # what a branch is, said once per branch; no warning about the changes it exists to make
+    assert launch.log.count(f"a cooldown branch of {parent} from its step ") == 2, launch.log
+    assert "changed settings" not in launch.log, launch.log
     for b in plans:
         got = train_losses(b.run_dir)
-        want = train_losses(_reference(tmp_path / f"ref_{b.budget}", b.budget, b.decay))
+        ref = _reference(tmp_path / f"ref_{b.budget}", b.budget, b.decay)
+        want = train_losses(ref)
         start = int(b.start.name.split("_")[1])
         assert sorted(got) == list(range(start + 1, b.budget + 1))  # the branch trains from its start on
         assert got == {s: want[s] for s in got}, b.budget  # bit for bit, the cooldown included
-        vals = lambda d: [m["val_loss"] for m in metrics(d) if "val_loss" in m]  # noqa: E731
-        assert vals(b.run_dir) == vals(tmp_path / f"ref_{b.budget}")
+        # every key of every line, the clip counters' diag/*/cum_frac_* and the validation lines included
+        lines = [m for m in measured_apart(ref) if m["step"] > start]
+        assert any(m.get("diag/all/cum_frac_rmax", 0) > 0 for m in lines), "no step clipped: the test sees nothing"
+        assert measured_apart(b.run_dir) == lines, b.budget
         # provenance: the parent checkpoint (its run and step) in the branch's config and setup line
         assert yaml.safe_load((b.run_dir / "config.yaml").read_text())["run"]["init_from"] == str(b.start)
         assert _setups(b.run_dir)[-1]["resumed_from"] == str(b.start)
@@ -123,9 +132,12 @@ def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path,
     assert f"run.dir={tmp_path / 'budget_12'} run.init_from={parent / 'checkpoints/step_00000008'}" in out
     # longer than the parent: from its last stable checkpoint (step 24), then a stable stretch of its own
     assert branch.main(["--parent", str(parent), "--budgets", "40", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "budget 40: cooldown of 10 steps from " + str(parent / "checkpoints/step_00000024") in out
     assert (
-        "budget 40: cooldown of 10 steps from " + str(parent / "checkpoints/step_00000024") in capsys.readouterr().out
-    )
+        "  note: longer than the parent's 32 steps: from its step 24 the branch trains the rest itself, steps "
+        "25-30 at the peak LR, then its cooldown (steps 31-40)\n"
+    ) in out
     # no parent checkpoint before the cooldown's start; a cooldown inside the warmup
     assert branch.main(["--parent", str(parent), "--budgets", "4", "--decay-steps", "1", "--dry-run"]) == 2
     assert branch.main(["--parent", str(parent), "--budgets", "3", "--decay-steps", "2", "--dry-run"]) == 2
@@ -141,6 +153,46 @@ def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path,
     )
     assert branch.main(["--parent", str(cosine), "--budgets", "12", "--dry-run"]) == 2
     assert "cooldown branches need a wsd parent" in capsys.readouterr().err
+
+
+def _copy_of(parent: Path, to: Path, damage: str | None = None) -> Path:
+    """The parent's config.yaml and step-8 checkpoint (what budget 12 reads), `damage` done to a copy."""
+    shutil.copytree(parent / "checkpoints/step_00000008", to / "checkpoints/step_00000008")
+    shutil.copy(parent / "config.yaml", to / "config.yaml")
+    if damage == "yaml":
+        (to / "config.yaml").write_text((to / "config.yaml").read_text() + "optim: [1, 2\n")
+    elif damage == "meta":
+        (to / "checkpoints/step_00000008/meta.json").write_text('{"step": 8,')
+    elif damage == "shard":
+        shard = max((to / "checkpoints/step_00000008/dcp").glob("*.distcp"), key=lambda f: f.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[:100])
+    return to
+
+
+@pytest.mark.parametrize(
+    "damage, args, said",
+    [
+        ("yaml", [], "config.yaml' is not valid YAML at line"),
+        ("meta", [], "step_00000008, which is damaged: "),
+        ("shard", [], "step_00000008, which is damaged: "),
+        (None, ["optim.shedule=wsd"], "unknown config key 'optim.shedule'; did you mean 'optim.schedule'?"),
+        (None, ["optim.schedule=cosine"], "optim.schedule=cosine: a cooldown branch runs the parent's wsd schedule"),
+        (None, ["train.max_steps=20"], "train.max_steps=20: give each branch's budget with --budgets"),
+        (None, ["--nproc", "0"], "--nproc must be >= 1"),
+        (None, ["--nproc", "3"], "data.logical_shards (4) must be a multiple of the world size (3)"),
+        (None, ["--decay-fraction", "1.5"], "--decay-fraction must be in (0, 1]"),
+        (None, ["--decay-steps", "0"], "--decay-steps must be >= 1"),
+    ],
+    ids=["bad-yaml", "bad-meta", "truncated-shard", "typo", "cosine", "own-key", "nproc-0", "nproc-3", "frac", "steps"],
+)
+def test_a_mistake_is_one_line_before_any_plan_or_run(parent, tmp_path, capsys, damage, args, said):
+    """Each in one line and exit 2, before the plan is printed or any branch's train.py starts;
+    a flag's mistake names the flag."""
+    source = _copy_of(parent, tmp_path / "parent", damage) if damage else parent
+    code = branch.main(["--parent", str(source), "--budgets", "12", "--out", str(tmp_path / "b"), *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and not (tmp_path / "b").exists(), (out, err)
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and said in err, err
 
 
 def test_init_from_past_the_budget_is_one_line(parent, tmp_path, capsys):

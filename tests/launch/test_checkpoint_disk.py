@@ -4,6 +4,8 @@ same stage (a 2-rank FSDP2 run used to die there one save in ~20 with FileNotFou
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 import torch
 
@@ -68,3 +70,17 @@ def test_dir_bytes_skips_a_file_that_vanishes_while_it_counts(tmp_path, monkeypa
     monkeypatch.setattr(type(tmp_path), "stat", stat)
     assert dir_bytes(tmp_path) == 10
     assert dir_bytes(tmp_path / "missing") == 0
+
+
+@pytest.mark.parametrize(
+    "code, what", [(errno.EROFS, "is on a read-only file system"), (errno.EACCES, "is not writable")]
+)
+def test_a_checkpoint_directory_it_cannot_write_is_named_with_the_fix(tmp_path, code, what):
+    """A read-only file system or no permission: the line names the checkpoints directory (not the
+    mount point it is on) and what to do."""
+    root = tmp_path / "checkpoints"
+    err = OSError(code, "refused", str(root / ".tmp_step_00000002"))
+    line = disk.describe_failure(err, root, 0, 0, None)
+    assert line == f"{root} {what}" + (" (permission denied)" if code == errno.EACCES else "") + (
+        "; make it writable, or give the run a run.dir where it can write; no earlier checkpoint"
+    )

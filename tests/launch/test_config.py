@@ -108,3 +108,13 @@ def test_override_parsing_keeps_strings_and_nests():
 def test_one_path_where_a_list_is_expected():
     cfg = load_config(TINY, ["data.data_files=assets/corpus/fineweb_edu_sample10BT_first150.jsonl"])
     assert cfg.data.data_files == ["assets/corpus/fineweb_edu_sample10BT_first150.jsonl"]
+
+
+def test_a_smaller_step_than_the_logical_shards_fit_names_the_value_that_works():
+    """tiny.yaml's 16 shards with a quick try's 4 windows per step: the line says which
+    data.logical_shards (or tokens per step) works, and that value does."""
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, ["train.tokens_per_step=512"])
+    line = str(err.value)
+    assert "set data.logical_shards=4 " in line and "train.tokens_per_step to a multiple of 2048" in line, line
+    load_config(TINY, ["train.tokens_per_step=512", "data.logical_shards=4"])

@@ -1,7 +1,7 @@
 """Checkpoints move between backends: a checkpoint saved under any of none / DDP / FSDP2 / ZeRO-2 (on
 1 or 2 ranks) and HSDP (4 ranks as 2 x 2) resumes under every other; the steps after the resume equal
 an uninterrupted run and OrScale-LM's calibration constants come through bit-equal (issue 25's
-portability matrix, HSDP from issue 30)."""
+portability matrix, HSDP from issue 30), as do the clip counters."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.checkpoint.portable import calibration_constants
+from launch.checkpoint.portable import calibration_constants, read_optimizer_state
 from models import GPT, get_preset
+from orscale.diagnostics import CLIP_COUNTS
 from tests.helpers import backend_args, run_many, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -26,6 +27,12 @@ def _shapes() -> dict[str, torch.Size]:
     with torch.device("meta"):
         model = GPT(get_preset("tiny", n_layer=2, d_model=64, max_seq_len=64, vocab_size=4096))
     return {n: p.shape for n, p in model.named_parameters()}
+
+
+def _clip_counts(run_dir: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """Each matrix's clip counters in the run's step-4 checkpoint."""
+    state = read_optimizer_state(run_dir / "checkpoints/step_00000004", shapes)
+    return {name: st[CLIP_COUNTS] for name, st in state.items() if CLIP_COUNTS in st}
 
 
 def _args(backend: str, run_dir, steps: int) -> list[str]:
@@ -71,3 +78,7 @@ def test_a_checkpoint_resumes_under_every_other_backend(saved, resumed, src, dst
     after = calibration_constants(run_dir / "checkpoints/step_00000004", shapes)
     assert before and set(before) == set(after)
     assert all(torch.equal(before[k], after[k]) for k in before), "calibration constants changed"
+    # the clip counters (steps, at r_min, at r_max per matrix) continue: those of the uninterrupted run
+    want_counts, got_counts = _clip_counts(saved / "straight", shapes), _clip_counts(run_dir, shapes)
+    assert want_counts and set(got_counts) == set(want_counts)
+    assert all(torch.equal(got_counts[k], want_counts[k]) for k in want_counts), "clip counters restarted"

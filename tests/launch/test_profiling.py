@@ -5,6 +5,7 @@ with CUDA's calls replaced at their one seam (launch/run/cuda_memory.py), so the
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,45 @@ def test_a_profiled_run_writes_a_trace_with_the_steps_spans(tmp_path):
     spans = {name: [e for e in events if e["name"] == name] for name in ("forward", "backward", "optimizer_step")}
     steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
     assert len(steps) == 2 and all(len(found) >= 2 for found in spans.values()), {k: len(v) for k, v in spans.items()}
+    assert sorted(e["name"] for e in steps) == ["ProfilerStep#3", "ProfilerStep#4"]  # the run's steps, as logged
     ns = [e for e in events if e["name"] == "newton_schulz"]
     assert ns and all(
         any(o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in spans["optimizer_step"])
         for e in ns
     ), "a newton_schulz span outside the optimizer step"
+
+
+def test_traces_number_their_steps_as_the_run_does_and_torch_says_nothing_about_them(tmp_path, capfd, caplog):
+    """A launch resumed at step 10, windows of 2 traced steps after 1 of warm-up, twice: the traces are
+    profile/step_13 and step_16, their `ProfilerStep#N` spans the run's steps 12-13 and 15-16 as the log
+    says; torch's console lines of every window (Kineto's `USDT: ... profiler_start/stop` and the
+    second window's "set acc_events=True" warning) are gone, anything else written meanwhile is kept."""
+    import logging
+
+    from torch.profiler import profiler as torch_profiler
+
+    torch_profiler._WARNINGS_SHOWN.clear()  # torch warns once per process: as a fresh run would see it
+    cfg = _cfg(
+        tmp_path,
+        "train.profile.enabled=true",
+        "train.profile.skip_first=0",
+        "train.profile.active=2",
+        "train.profile.repeat=2",
+    )
+    with caplog.at_level(logging.INFO, logger="orscale"):
+        tracing = StepTracing(cfg.train, tmp_path, 0, torch.device("cpu"), steps_left=8, start_step=10)
+        for step in range(11, 19):
+            torch.ones(8, 8).sum()
+            if step == 12:
+                print("the run's own line", file=sys.stderr, flush=True)
+            tracing.step(step)
+        tracing.close()
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_st" not in err and "acc_events" not in err, err
+    assert "the run's own line" in err
+    said = [r.getMessage().split(" traced")[0] for r in caplog.records if r.getMessage().startswith("profile:")]
+    assert said == ["profile: steps 12-13", "profile: steps 15-16"]
+    for last in (13, 16):
+        trace = json.loads((tmp_path / "profile" / f"step_{last}" / "rank0.json").read_text())
+        steps = sorted({e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
+        assert steps == [f"ProfilerStep#{last - 1}", f"ProfilerStep#{last}"], steps

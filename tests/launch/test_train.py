@@ -166,3 +166,28 @@ def test_a_lock_held_by_a_live_launch_here_is_refused_without_waiting_the_grace(
     assert RunLock(tmp_path / "run").acquire(grace_s=1) is not None  # a holder gone from here: the grace
     assert time.monotonic() - started >= 1
     first.release()
+
+
+def test_a_run_that_ends_removes_its_lock_file_and_a_killed_runs_is_taken_over(tmp_path):
+    """The lock file lives while its run does: released, it is gone (the run directory stays); one
+    left by a killed run (the flock went with the process) still names its holder, and the next
+    launch takes it over at once."""
+    run = tmp_path / "run"
+    lock = RunLock(run)
+    assert lock.acquire(grace_s=0) is None and (run / ".lock").is_file()
+    lock.release()
+    assert not (run / ".lock").exists() and run.is_dir()
+    gone = int(open("/proc/sys/kernel/pid_max").read()) + 1  # a pid no process here can have
+    (run / ".lock").write_text(json.dumps({"pid": gone, "host": socket.gethostname(), "since": "-"}))
+    started = time.monotonic()
+    again = RunLock(run)
+    assert again.acquire(grace_s=30) is None and time.monotonic() - started < 5
+    assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+    again.release()
+
+
+def test_the_step_layout_line_counts_in_good_grammar():
+    from launch.run.setup import step_shape
+
+    assert step_shape(1, 1, 4, 64) == "1 rank x 1 micro-batch of 4 x 64 per step"
+    assert step_shape(2, 3, 8, 128) == "2 ranks x 3 micro-batches of 8 x 128 per step"

@@ -1,0 +1,56 @@
+"""The sweep package's modules import one another without a circle: each module of launch/sweep, read
+with ast (every import, those inside functions included), depends on the others as a graph without a
+cycle, so any of them imports first and alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+PACKAGE = "launch.sweep"
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of the package that `path` imports anywhere in its text."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}  # from launch.sweep import x
+    return found & modules
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (its modules in order, the first again at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return [*trail[trail.index(nxt) :], nxt]  # the open modules are the trail
+            if nxt not in state and (found := visit(nxt, [*trail, nxt])):
+                return found
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_the_sweep_modules_import_one_another_without_a_circle():
+    files = {f"{PACKAGE}.{p.stem}": p for p in (ROOT / "launch" / "sweep").glob("*.py") if p.stem != "__init__"}
+    graph = {name: _imports(path, set(files)) - {name} for name, path in files.items()}
+    assert graph[f"{PACKAGE}.spec"], "the reading of imports found nothing: the test sees nothing"
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
