@@ -102,6 +102,7 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
             lr=adamw_lr, betas=tuple(betas), eps=eps, weight_decay=adamw_weight_decay
         )
         self._fused = fused
+        self._stepped = False  # whether a step has run (host flag; see _follow_replaced_params)
         self._parts: dict[str, torch.optim.Optimizer] = {}
         model = params if isinstance(params, nn.Module) else None
         groups = _groups(params, model, flatten_conv, muon_names, adamw_names)
@@ -155,7 +156,8 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
         if kind == "muon":
             cls, extra = self._placement
             return cls([group], **self._muon_kwargs, **extra)
-        return torch.optim.AdamW([group], **self._adamw_kwargs, **adamw_implementation(self._fused, [group]))
+        implementation: dict[str, Any] = adamw_implementation(self._fused, [group])
+        return torch.optim.AdamW([group], **self._adamw_kwargs, **implementation)
 
     def _init_adamw_state(self, group: dict[str, Any]) -> None:
         """AdamW's state, created now as torch's ``Adam._init_group`` creates it at the first step:
@@ -189,10 +191,37 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One step of every part (the closure, if any, is evaluated once, first)."""
+        if not torch.compiler.is_compiling():
+            self._follow_replaced_params()
         loss = call_closure(closure)
         for part in self._parts.values():
             _raw_step(type(part))(part)
+        self._stepped = True
         return loss
+
+    def _follow_replaced_params(self) -> None:
+        """Rebuild the parts around the groups when their parameters were swapped for others, as
+        accelerate's FSDP2 ``prepare(model, optimizer)`` does (the sharded parameters replace the
+        ones the optimizer was built over): placement from the new parameters, fresh state (all zeros
+        before a first step, which is when that happens)."""
+        if all(p in self.state for g in self.param_groups for p in g["params"]):
+            return
+        if self._stepped:
+            raise RuntimeError(
+                f"{type(self).__name__}: the parameters of its groups were replaced after it stepped; "
+                "build the optimizer over the new parameters"
+            )
+        groups, old = list(self.param_groups), self._placement
+        self._placement = _placement(None, groups, self.defaults["muon_mode"])
+        if self._placement[0] is MuonFamily and old[0] is ReplicatedMuonFamily:
+            self._placement = old  # a DDP model's new replicas: still replicated
+        self._parts, self.param_groups, self.state = {}, [], defaultdict(dict)
+        for group in groups:  # choices that depended on the old parameters' device, chosen again
+            if group["kind"] == "muon" and self._muon_kwargs["ns_dtype"] == "auto":
+                group["ns_dtype"] = "auto"
+            if group["kind"] == "adamw" and self._fused == "auto":
+                group.pop("fused", None), group.pop("foreach", None)
+            self.add_param_group(group)
 
     def diagnostics(self) -> dict[str, float]:
         """The Muon part's trust-ratio diagnostics of the latest step ({} without one)."""
@@ -202,6 +231,7 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict`` (its hooks included): each part loads its own groups and state
         (the Muon part keeps fp32 momentum and calibration constants), then shares one state again."""
+        self._follow_replaced_params()
         state_dict = state_dict.copy()
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
@@ -233,6 +263,11 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
         for part in self._parts.values():
             part.state = state
         self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's ``state_dict`` (hooks included), of the parts as they run now."""
+        self._follow_replaced_params()
+        return super().state_dict()
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy carries: the parts too (one pickle keeps their groups and state shared)."""

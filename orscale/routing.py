@@ -79,20 +79,22 @@ def _unwrap(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
         else:
             return model
 
 
-def _hf_embedding(model: nn.Module, method: str) -> nn.Module | None:
-    """A Hugging Face model's ``get_input_embeddings()`` / ``get_output_embeddings()``, else None."""
+def _hf_embedding(model: nn.Module, method: str) -> Tensor | None:
+    """The weight of a Hugging Face model's ``get_input_embeddings()`` / ``get_output_embeddings()``,
+    else None."""
     fn = getattr(_unwrap(model), method, None)
     try:
         found = fn() if callable(fn) else None
     except (NotImplementedError, AttributeError):  # a base class's stub: the model does not say
         return None
-    return found if isinstance(found, nn.Module) and isinstance(getattr(found, "weight", None), Tensor) else None
+    weight = getattr(found, "weight", None) if isinstance(found, nn.Module) else None
+    return weight if isinstance(weight, Tensor) else None
 
 
 def parameter_roles(named: NamedParams, model: nn.Module | None = None) -> Roles:
@@ -108,12 +110,12 @@ def parameter_roles(named: NamedParams, model: nn.Module | None = None) -> Roles
         conv = {id(m.weight) for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)}
         declared = _hf_embedding(model, "get_output_embeddings")
         if declared is not None:
-            head.add(id(declared.weight))
+            head.add(id(declared))
         tied = any(
             getattr(m, "weight", None) is e.weight for m in model.modules() for e in embedding_modules if m is not e
         )
         token = _hf_embedding(model, "get_input_embeddings")
-        token_shape = tuple(token.weight.shape) if token is not None else None
+        token_shape = tuple(token.shape) if token is not None else None
         known_head = declared is not None or tied
     else:
         embeddings = {id(p) for n, p in named if p.ndim == 2 and _EMBEDDING_MODULE.search(_module_name(n)) is not None}

@@ -218,6 +218,27 @@ def test_param_groups_given_by_kind_and_empty_groups() -> None:
     assert not torch.equal(w, before[0]) and not torch.equal(b, before[1])
 
 
+def test_parameters_swapped_before_the_first_step_are_followed() -> None:
+    """accelerate's FSDP2 prepare(model, optimizer) swaps each group's parameters for the sharded ones
+    (fsdp2_switch_optimizer_parameters: group["params"] = [...]) before any step: the optimizer then
+    runs on the new parameters, as one built over them; after a step, a swap is refused in one line."""
+    model, swapped, twin = hf_gpt2(), hf_gpt2(), hf_gpt2()
+    opt, ref = _opt(model), _opt(twin)
+    new = dict(swapped.named_parameters())
+    for group in opt.param_groups:
+        group["params"] = [new[n] for n in group["param_names"]]
+    for t in range(2):
+        for m, o in ((swapped, opt), (twin, ref)):
+            lm_step_grads(m, t)
+            o.step()
+    for (n, p), (_, q) in zip(swapped.named_parameters(), twin.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert len(opt.state_dict()["state"]) == len(new)
+    opt.param_groups[0]["params"] = list(model.parameters())[: len(opt.param_groups[0]["params"])]
+    with pytest.raises(RuntimeError, match="parameters of its groups were replaced after it stepped"):
+        opt.step()
+
+
 def test_compiled_step_has_no_graph_break() -> None:
     """torch.compile(fullgraph=True) of a function calling step(): torch's AdamW alone breaks the graph
     on purpose (its step wrapper); the parts' own step functions do not. (Compiled, AdamW's bias
