@@ -34,21 +34,36 @@ from orscale.routing import hidden_matrices
 KINDS: tuple[str, ...] = ("muon", "adamw")
 
 
+ARGUMENTS = """
+Arguments:
+    params: the model (``nn.Module``, DDP-wrapped or not: embeddings and the head are found from its
+        modules), its ``named_parameters()`` (found from the names), or param groups (dicts) that
+        each say their ``kind``. Plain ``model.parameters()`` is refused. Frozen parameters are left out.
+    lr, weight_decay: the hidden matrices' (Muon-family step; coupled or decoupled decay per variant).
+    adamw_lr, adamw_weight_decay: AdamW's (None: the matrices' values).
+    variant: the Muon-family preset (``orscale.VARIANTS``); None: the class's own.
+    betas, eps, fused: AdamW's betas, epsilon and implementation (auto | fused | foreach).
+    momentum, nesterov, ns_steps, ns_coefficients: Nesterov momentum and Newton–Schulz
+        (polar_express | jordan) of the matrices.
+    ns_dtype: Newton–Schulz precision: auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32.
+    r_min, r_max, trust_eps: the trust ratio's clip and epsilon (variants with a trust ratio).
+    flatten_conv: conv weights into the Muon step as [out, in·k…] matrices (default: AdamW).
+    muon_names, adamw_names: regular expressions searched in parameter names that send a
+        parameter to the Muon step or to AdamW whatever the rule says.
+    muon_mode: with FSDP2 or DDP parameters, owner (Newton–Schulz on one rank per matrix) |
+        replicate (on every rank).
+    diagnostics: keep the trust-ratio diagnostics that ``diagnostics()`` returns.
+
+Placement comes from the parameters: FSDP2/HSDP DTensors get ``ShardedMuonFamily`` (its owner ranks
+from the mesh), a DDP-wrapped model ``ReplicatedMuonFamily``, anything else ``MuonFamily``; AdamW is
+``torch.optim.AdamW``. ``opt.muon`` / ``opt.adamw`` are the two parts.
+"""
+
+
 class MuonFamilyWithAdamW(torch.optim.Optimizer):
     """One optimizer for a whole model: a Muon-family step (``variant``, default the class's) on the
-    hidden matrices and AdamW on embeddings, the output head, norms, biases and any other shape.
-
-    ``params``: the model itself (``nn.Module``, DDP-wrapped or not: roles come from its modules), its
-    ``named_parameters()``, or param groups (dicts) that each say their ``kind``. Frozen parameters
-    are left out. ``lr`` / ``weight_decay``: the matrices'; ``adamw_lr`` / ``adamw_weight_decay``:
-    AdamW's (None: the same as the matrices'). ``flatten_conv``: conv weights into the Muon step as
-    [out, in·k…] matrices (default AdamW); ``muon_names`` / ``adamw_names``: regular expressions on
-    parameter names that override the rule. Placement comes from the parameters: FSDP2 DTensors get
-    ``ShardedMuonFamily`` (Newton–Schulz on one owner rank per matrix, from the mesh), a DDP-wrapped
-    model ``ReplicatedMuonFamily``, anything else ``MuonFamily``; ``muon_mode`` ``replicate`` runs
-    every Newton–Schulz on every rank. Other arguments as ``MuonFamily`` (``trust_eps`` is its
-    ``eps``, ``diagnostics`` its ``track_diagnostics``) and ``torch.optim.AdamW`` (``fused``: auto |
-    fused | foreach).
+    hidden matrices and AdamW on embeddings, the output head, norms, biases and any other shape
+    (``orscale.routing.hidden_matrices``'s rule; docs/library.md).
     """
 
     variant = "orscale_lm"  # the Muon-family preset (orscale.variants.VARIANTS) of this class
@@ -360,7 +375,6 @@ class OrScaleLM(MuonFamilyWithAdamW):
     ``OrScaleLM(model, lr=1e-3, adamw_lr=None, weight_decay=0.1)`` drops in wherever a
     ``torch.optim.AdamW(model.parameters())`` stood: one LR scheduler drives both LRs (every param
     group carries its ``kind``), one ``state_dict()`` holds both states. Examples: docs/library.md.
-    Every argument: ``MuonFamilyWithAdamW``.
     """
 
     variant = "orscale_lm"
@@ -386,3 +400,7 @@ class Muon(MuonFamilyWithAdamW):
     than AdamW's ``adamw_lr``."""
 
     variant = "muon"
+
+
+for _cls in (MuonFamilyWithAdamW, OrScaleLM, OrScale, MuonMoonlight, Muon):
+    _cls.__doc__ = f"{inspect.cleandoc(_cls.__doc__ or '')}\n{ARGUMENTS}"  # help() on each: every argument

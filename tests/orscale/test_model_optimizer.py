@@ -12,7 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from orscale import MuonFamily, OptimConfig, OrScaleLM, build_optimizers, hidden_matrices, set_lr
+from orscale import (
+    MuonFamily,
+    OptimConfig,
+    OrScaleLM,
+    ReplicatedMuonFamily,
+    build_optimizers,
+    hidden_matrices,
+    set_lr,
+)
 from orscale.routing import route_parameters
 from tests.orscale.optim_helpers import gpt_hidden, hf_gpt2, lm_step_grads, matrices, set_grads
 
@@ -143,6 +151,10 @@ def test_cnn_conv_weights_go_to_adamw_or_flattened_to_muon() -> None:
         reference.step()
     for p, q in zip(opt.param_groups[0]["params"], flat, strict=True):
         assert torch.equal(p.detach().flatten(1), q.detach())
+    # The owner-rank subclasses lay a conv weight out as its matrix too (one process here)
+    conv = [nn.Parameter(p.detach().clone()) for p in opt.param_groups[0]["params"]]
+    replicated = ReplicatedMuonFamily(conv, lr=0.05, ns_dtype="fp32")
+    assert [[lay.m, lay.n] for lay in replicated._layout.values()] == [[8, 27], [6, 72], [5, 6]]
     channels_last = CNN().to(memory_format=torch.channels_last)
     with pytest.raises(
         ValueError, match=r"'conv1.weight' \(8, 3, 3, 3\) as a \[out, in·k…\] view, which needs a contiguous"
