@@ -220,3 +220,13 @@ def test_a_copy_steps_as_the_original(make, how) -> None:
         opt.step()
     for (n, p), (_, q) in zip(model.named_parameters(), model2.named_parameters(), strict=True):
         assert torch.equal(p, q), n
+
+
+def test_one_ns_dtype_default() -> None:
+    """The class, the config and OrScaleLM default to auto: fp32 on a CPU (bf16 on CUDA)."""
+    import inspect
+
+    assert inspect.signature(MuonFamily).parameters["ns_dtype"].default == OptimConfig().ns_dtype == "auto"
+    assert inspect.signature(OrScaleLM).parameters["ns_dtype"].default == "auto"
+    assert MuonFamily([nn.Parameter(torch.ones(3, 2))]).param_groups[0]["ns_dtype"] == "fp32"
+    assert OrScaleLM(hf_gpt2()).param_groups[0]["ns_dtype"] == "fp32"
