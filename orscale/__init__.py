@@ -1,14 +1,18 @@
-"""Optimizers of the OrScale stack: Newton–Schulz, the Muon family (Muon, Muon+Moonlight,
-OrScale, OrScale-LM and the SPEC §3 design-space variants), parameter routing, the LR schedule,
-diagnostics, the `optim:` config section, and their distributed execution (``orscale.distributed``)."""
+"""Optimizers of the OrScale stack: OrScale-LM for any PyTorch model (``OrScaleLM``, one optimizer
+for every parameter: docs/library.md), Newton–Schulz, the Muon family (Muon, Muon+Moonlight,
+OrScale, OrScale-LM and their trust-ratio design-space variants: docs/algorithm.md), parameter
+routing, the LR schedule, diagnostics, the `optim:` config section, and their distributed execution
+(``orscale.distributed``). The public API is what this module exports (``__all__``)."""
 
 from orscale.builder import PLACEMENTS, build_optimizers
 from orscale.diagnostics import collect_diagnostics, matrix_class
 from orscale.distributed.ddp import ReplicatedMuonFamily
 from orscale.distributed.fsdp import ShardedMuonFamily
+from orscale.model_optimizer import Muon, MuonFamilyWithAdamW, MuonMoonlight, OrScale, OrScaleLM
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
 from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig, OptimConfigError
+from orscale.routing import hidden_matrices
 from orscale.schedule import check_schedule, lr_at, scheduled_lr, set_lr
 from orscale.variants import VARIANTS, Variant
 
@@ -16,15 +20,21 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "PLACEMENTS",
     "VARIANTS",
+    "Muon",
     "MuonFamily",
+    "MuonFamilyWithAdamW",
+    "MuonMoonlight",
     "OptimConfig",
     "OptimConfigError",
+    "OrScale",
+    "OrScaleLM",
     "ReplicatedMuonFamily",
     "ShardedMuonFamily",
     "Variant",
     "build_optimizers",
     "collect_diagnostics",
     "check_schedule",
+    "hidden_matrices",
     "lr_at",
     "scheduled_lr",
     "matrix_class",

@@ -35,7 +35,7 @@ from torch import Tensor
 from orscale.calibration import calibrate, ratio_terms, trust_ratio
 from orscale.diagnostics import CLIP_COUNTS, CUM_FIELDS, DiagnosticsMixin
 from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
-from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, copy_state, grad_of, sums_of_squares
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
 # Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
@@ -57,9 +57,15 @@ class GroupWork:
     s: list[float]  # their shape factors, host floats (what the foreach ops take)
 
 
+def matrix_shape(p: Tensor) -> tuple[int, int]:
+    """(m, n) of the matrix the step sees: a conv weight [out, in, k…] is flattened to [out, in·k…]."""
+    m = p.shape[0]
+    return m, (p.numel() // m if m else math.prod(p.shape[1:]))
+
+
 def shape_factor(shape_choice: str, p: Tensor) -> float:
     """s = 1 ('one') or Moonlight's 0.2·√max(m, n) ('moonlight')."""
-    return MOONLIGHT_FACTOR * math.sqrt(max(p.shape)) if shape_choice == "moonlight" else 1.0
+    return MOONLIGHT_FACTOR * math.sqrt(max(matrix_shape(p))) if shape_choice == "moonlight" else 1.0
 
 
 def _variant(group: dict[str, Any]) -> Variant:
@@ -67,14 +73,18 @@ def _variant(group: dict[str, Any]) -> Variant:
 
 
 class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
-    """Muon-family optimizer for 2-D weight matrices (fp32 master weights assumed).
+    """Muon-family optimizer for 2-D weight matrices (fp32 master weights assumed); a tensor of more
+    dims (a conv weight [out, in, k…], contiguous) is stepped as the matrix [out, in·k…].
 
     ``variant`` is a preset name from ``orscale.variants.VARIANTS`` (or a ``Variant``); ``shape``,
     ``denominator``, ``decay`` and ``calibration`` override single choices of it. Params may be
     given as ``(name, tensor)`` pairs (e.g. ``model.named_parameters()``): names are used to group
     diagnostics by matrix class and in error messages. ``lr`` in each group must stay a Python
     float (the trainer sets ``group["lr"]`` every step). ``track_diagnostics=False`` skips the
-    norms only diagnostics need (``diagnostics()`` then returns {}).
+    norms only diagnostics need (``diagnostics()`` then returns {}). ``ns_dtype`` ``auto``: bf16 on
+    CUDA, fp32 elsewhere (the config's default too). Copies (``copy.deepcopy``, pickle,
+    ``torch.save(opt)``) step exactly as the original would. A whole model's optimizer (embeddings,
+    norms and biases on AdamW): ``orscale.OrScaleLM``.
     """
 
     def __init__(
@@ -88,7 +98,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         nesterov: bool = True,
         ns_steps: int = 5,
         ns_coefficients: str = "polar_express",
-        ns_dtype: str = "bf16",
+        ns_dtype: str = "auto",
         r_min: float = 0.1,
         r_max: float = 5.0,
         eps: float = 1e-6,
@@ -148,10 +158,15 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         try:
             _variant(group)  # validates per-group overrides of the choices
             for name, p in zip(self._names(len(self.param_groups) - 1, group), group["params"], strict=True):
-                if p.ndim != 2:
+                if p.ndim < 2:
                     raise ValueError(
                         f"MuonFamily handles 2-D weight matrices only; parameter '{name}' has "
                         f"shape {tuple(p.shape)}: route it to AdamW instead"
+                    )
+                if p.ndim > 2 and not self._local(p).is_contiguous():  # flattened in place: a view
+                    raise ValueError(
+                        f"MuonFamily steps '{name}' {tuple(p.shape)} as a [out, in·k…] view, which needs "
+                        "a contiguous tensor (not channels_last): make it contiguous or route it to AdamW"
                     )
         except ValueError:
             self.param_groups.pop()
@@ -199,20 +214,30 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         the sharded subclass (so elementwise math never triggers DTensor collectives)."""
         return t
 
+    # flatten(1) is the tensor itself for a matrix, a [out, in·k…] view of a conv weight.
     def _local_params(self, w: GroupWork) -> list[Tensor]:
-        return [self._local(p) for p in w.params]
+        return [self._local(p).flatten(1) for p in w.params]
 
     def _local_grads(self, w: GroupWork) -> list[Tensor]:
-        return [self._local(grad_of(p)) for p in w.params]
+        return [self._local(grad_of(p)).flatten(1) for p in w.params]
 
     def _local_momenta(self, w: GroupWork) -> list[Tensor]:
-        return [self._local(self.state[p]["momentum_buffer"]) for p in w.params]
+        return [self._local(self.state[p]["momentum_buffer"]).flatten(1) for p in w.params]
 
     def _names(self, gi: int, group: dict[str, Any]) -> list[str]:
         names = group.get("param_names")
         if names:
             return list(names)
         return [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy carries (torch's own keeps only defaults, state and groups: the copy could not
+        step); the per-group constants are rebuilt by ``__setstate__``, on the copy's device."""
+        return copy_state(self, exclude=("_consts", "_index_cache"))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._build_consts()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load, then undo torch's cast of floating state to the param dtype.

@@ -1,5 +1,5 @@
-"""Pieces every optimizer in ``orscale`` shares: the params type, the closure call and the
-per-tensor sums of squares that each step's single all-reduce carries."""
+"""Pieces every optimizer in ``orscale`` shares: the params type, the closure call, what a copy of
+an optimizer carries, and the per-tensor sums of squares that each step's single all-reduce carries."""
 
 from __future__ import annotations
 
@@ -28,6 +28,33 @@ def call_closure(closure: Callable[[], float] | None) -> float | None:
         return None
     with torch.enable_grad():
         return closure()
+
+
+# What torch.optim.Optimizer sets on an instance besides defaults, state and param_groups: its hooks
+# (torch's copies drop them: a hook may not pickle) and a name `_patch_step_function` sets again.
+_TORCH_ATTRS = frozenset(
+    {
+        "_optimizer_step_pre_hooks",
+        "_optimizer_step_post_hooks",
+        "_optimizer_state_dict_pre_hooks",
+        "_optimizer_state_dict_post_hooks",
+        "_optimizer_load_state_dict_pre_hooks",
+        "_optimizer_load_state_dict_post_hooks",
+        "_zero_grad_profile_name",
+    }
+)
+
+
+def copy_state(opt: torch.optim.Optimizer, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a copy of `opt` (``copy.deepcopy``, pickle, ``torch.save(opt)``) carries, for its
+    ``__getstate__``: torch's three entries and every attribute the optimizer set on itself, but
+    torch's hooks, functions patched onto the instance (an LR scheduler's or accelerate's ``step``
+    wrapper: the copy would step the original) and `exclude` (caches its ``__setstate__`` rebuilds)."""
+    state = dict(torch.optim.Optimizer.__getstate__(opt))
+    for key, value in vars(opt).items():
+        if key not in state and key not in _TORCH_ATTRS and key not in exclude and not callable(value):
+            state[key] = value
+    return state
 
 
 def sums_of_squares(xs: TensorList) -> Tensor:

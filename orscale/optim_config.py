@@ -24,6 +24,10 @@ class OptimConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
+    """The `optim:` section of a run config: which optimizer (`name`, one of OPTIMIZER_NAMES), its
+    hyper-parameters and the LR schedule; checked on construction (OptimConfigError). The trainer
+    builds its optimizers from it (``build_optimizers``); its keys are the fields below."""
+
     name: str = "adamw"
     lr: float = 1e-3  # the peak LR of the hidden matrices (every parameter's unless adamw_lr is set)
     weight_decay: float = 0.1

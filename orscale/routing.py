@@ -1,9 +1,17 @@
-"""Parameter routing: which optimizer owns which parameter (SPEC §1 "Which parameters", §2).
+"""Parameter routing: which optimizer owns which parameter (docs/algorithm.md "Which parameters").
 
+* **The rule** (``hidden_matrices``, shared by the trainer and ``orscale.OrScaleLM``): the Muon family
+  takes every *hidden* matrix, i.e. every 2-D weight that is neither an embedding (an ``nn.Embedding``
+  / ``nn.EmbeddingBag`` weight) nor the output head (a head tied to the embedding, the model's
+  ``get_output_embeddings()`` (Hugging Face), or, when neither exists, the last 2-D weight if it has
+  the token embedding's shape [vocabulary, width]); everything else (embeddings, head, norm gains,
+  biases, any other shape) goes to AdamW. Conv weights go to AdamW, or flattened to
+  [out, in·k…] into the Muon step with ``flatten_conv``; name patterns override the rule. On this
+  project's GPT that is exactly every 2-D weight inside the transformer blocks (``blocks.*``): the
+  tied embedding and the norm gains are AdamW's.
 * ``adamw``: one AdamW over every parameter (decay on all of them, as in the paper), unless
   ``optim.exempt_norms_and_embeddings`` puts 1-D params and embeddings in a wd = 0 group.
-* Muon family: every 2-D weight inside the transformer blocks (names ``blocks.*``) goes to the
-  matrix optimizer; everything else (token embedding = tied LM head, norm gains) to AdamW, at
+* Muon family: the hidden matrices to the matrix optimizer; everything else to AdamW, at
   ``optim.adamw_lr`` / ``optim.adamw_weight_decay`` (null: the matrices' LR and decay) and the same
   exemption rule.
 * "The AdamW group" is that same set of parameters in every family: with ``adamw_lr`` or
@@ -18,20 +26,20 @@
   ``exempt_norms_and_embeddings``, which also exempts the embedding). LAMB and LARS keep their
   standard convention: trust ratio and decay on the ≥ 2-D group only.
 
-``route_parameters`` is the one place this is decided; every optimizer builder (single process,
-DDP, FSDP2, DeepSpeed ZeRO) calls it. ``model.named_parameters()`` deduplicates shared tensors, so
-a tied embedding/head appears once.
+``route_parameters`` is the one place the trainer decides this; every optimizer builder (single
+process, DDP, FSDP2, DeepSpeed ZeRO) calls it. ``model.named_parameters()`` deduplicates shared
+tensors, so a tied embedding/head appears once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
+from torch import Tensor, nn
 
 from orscale.optim_config import ELEMENTWISE, OptimConfig
 from orscale.schedule import LR_SCALE
@@ -51,9 +59,129 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def is_matrix_param(name: str, p: torch.Tensor) -> bool:
-    """A 2-D weight inside the transformer blocks (fused QKV, attn out, MLP up/down)."""
-    return canonical_name(name).startswith("blocks.") and p.ndim == 2
+# When only names are known (no module tree): the module holding an embedding's weight, by its
+# name (wte, wpe, tok_emb, embed_tokens, word_embeddings, ...), and the output head's.
+_EMBEDDING_MODULE = re.compile(r"emb|^wte$|^wpe$")
+_HEAD_MODULES = frozenset({"lm_head", "head"})
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Parameters (by ``id``) whose role, not shape, decides their optimizer, and the conv weights."""
+
+    embeddings: frozenset[int]
+    head: frozenset[int]
+    conv: frozenset[int]
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DataParallel / torch.compile wrappers (they hide its methods)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
+        else:
+            return model
+
+
+def _hf_embedding(model: nn.Module, method: str) -> Tensor | None:
+    """The weight of a Hugging Face model's ``get_input_embeddings()`` / ``get_output_embeddings()``,
+    else None."""
+    fn = getattr(_unwrap(model), method, None)
+    try:
+        found = fn() if callable(fn) else None
+    except (NotImplementedError, AttributeError):  # a base class's stub: the model does not say
+        return None
+    weight = getattr(found, "weight", None) if isinstance(found, nn.Module) else None
+    return weight if isinstance(weight, Tensor) else None
+
+
+def parameter_roles(named: NamedParams, model: nn.Module | None = None) -> Roles:
+    """The embeddings, output head and conv weights among `named`: from `model`'s modules when given
+    (``nn.Embedding``/``nn.EmbeddingBag``, conv layers, a module tied to an embedding, Hugging Face's
+    ``get_output_embeddings()``), else from the names (``_EMBEDDING_MODULE``, ``_HEAD_MODULES``; any
+    tensor of 3 or more dims counts as a conv weight). Without a tied or declared head, the last 2-D
+    weight is the head when it has the token embedding's shape [vocabulary, width]."""
+    head: set[int] = set()
+    if model is not None:
+        embedding_modules = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+        embeddings = {id(m.weight) for m in embedding_modules}
+        conv = {id(m.weight) for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)}
+        declared = _hf_embedding(model, "get_output_embeddings")
+        if declared is not None:
+            head.add(id(declared))
+        tied = any(
+            getattr(m, "weight", None) is e.weight for m in model.modules() for e in embedding_modules if m is not e
+        )
+        token = _hf_embedding(model, "get_input_embeddings")
+        token_shape = tuple(token.shape) if token is not None else None
+        known_head = declared is not None or tied
+    else:
+        embeddings = {id(p) for n, p in named if p.ndim == 2 and _EMBEDDING_MODULE.search(_module_name(n)) is not None}
+        head = {id(p) for n, p in named if _module_name(n) in _HEAD_MODULES}
+        conv = {id(p) for _, p in named if p.ndim > 2}
+        token_shape, known_head = None, bool(head)
+    if not known_head and embeddings:
+        if token_shape is None:  # the largest embedding is the token embedding (positions are fewer)
+            token_shape = max((tuple(p.shape) for _, p in named if id(p) in embeddings), default=None)
+        matrices = [p for _, p in named if p.ndim == 2 and id(p) not in embeddings]
+        if matrices and tuple(matrices[-1].shape) == token_shape:
+            head.add(id(matrices[-1]))
+    return Roles(frozenset(embeddings), frozenset(head), frozenset(conv))
+
+
+def _module_name(name: str) -> str:
+    """'transformer.wte.weight' -> 'wte': the module that holds the parameter."""
+    parts = canonical_name(name).split(".")
+    return parts[-2] if len(parts) > 1 else ""
+
+
+def _patterns(option: str, patterns: Iterable[str]) -> list[re.Pattern[str]]:
+    out = []
+    for pattern in patterns:
+        try:
+            out.append(re.compile(pattern))
+        except re.error as err:
+            raise ValueError(f"{option}: {pattern!r} is not a regular expression ({err})") from None
+    return out
+
+
+def hidden_matrices(
+    named: NamedParams,
+    model: nn.Module | None = None,
+    *,
+    flatten_conv: bool = False,
+    muon_names: Iterable[str] = (),
+    adamw_names: Iterable[str] = (),
+) -> NamedParams:
+    """The parameters of `named` that the Muon family takes, in their order (the module docstring's
+    rule; roles from `model` when given, see ``parameter_roles``). ``flatten_conv``: conv weights too
+    (the step flattens them to [out, in·k…]). ``muon_names`` / ``adamw_names``: regular expressions
+    searched in each parameter's name (wrapper prefixes removed) that send it to the Muon family (any
+    tensor of 2 or more dims) or to AdamW, whatever the rule says."""
+    to_muon, to_adamw = _patterns("muon_names", muon_names), _patterns("adamw_names", adamw_names)
+    roles = parameter_roles(named, model)
+    out = []
+    for n, p in named:
+        name = canonical_name(n)
+        muon = next((pat.pattern for pat in to_muon if pat.search(name)), None)
+        adamw = next((pat.pattern for pat in to_adamw if pat.search(name)), None)
+        if muon is not None and adamw is not None:
+            raise ValueError(
+                f"parameter '{name}' matches muon_names {muon!r} and adamw_names {adamw!r}: make the patterns exclusive"
+            )
+        if muon is not None and p.ndim < 2:
+            raise ValueError(
+                f"muon_names {muon!r} matches '{name}' of shape {tuple(p.shape)}: the Muon step takes "
+                "tensors of 2 or more dims only; narrow the pattern"
+            )
+        if adamw is not None:
+            continue
+        role = id(p) in roles.embeddings or id(p) in roles.head
+        if muon is not None or (not role and (p.ndim == 2 or (flatten_conv and id(p) in roles.conv))):
+            out.append((n, p))
+    return out
 
 
 @dataclass
@@ -67,8 +195,10 @@ class Routing:
     elementwise: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+def _elementwise_groups(
+    named: NamedParams, emb: frozenset[int], hidden: set[int], cfg: OptimConfig
+) -> list[dict[str, Any]]:
+    """`emb`: the embeddings' ids; `hidden`: the hidden matrices' (what the Muon family would take)."""
     mats = [(n, p) for n, p in named if p.ndim >= 2]
     vecs = [(n, p) for n, p in named if p.ndim < 2]
     wd, own = cfg.weight_decay, cfg.own_adamw_group
@@ -101,13 +231,13 @@ def _elementwise_groups(named: NamedParams, model: nn.Module, cfg: OptimConfig) 
         ]
     if own:  # every group but the hidden matrices' is "the AdamW group"
         for g in groups:
-            if not (g["params"] and all(is_matrix_param(n, p) for n, p in g["params"])):
+            if not (g["params"] and all(id(p) in hidden for _, p in g["params"])):
                 g[LR_SCALE] = cfg.adamw_lr_scale
     return [g for g in groups if g["params"]]
 
 
 def _adamw_groups(
-    named: NamedParams, model: nn.Module, cfg: OptimConfig, weight_decay: float, lr_scale: float | None
+    named: NamedParams, emb: frozenset[int], cfg: OptimConfig, weight_decay: float, lr_scale: float | None
 ) -> list[dict[str, Any]]:
     """One decayed group; with the exemption flag, 1-D params and embeddings in a wd = 0 group.
     `lr_scale`: the groups' peak LR over optim.lr (None: no key, the groups follow optim.lr)."""
@@ -116,7 +246,6 @@ def _adamw_groups(
     scale = {} if lr_scale is None else {LR_SCALE: lr_scale}
     if not cfg.exempt_norms_and_embeddings:
         return [{"params": named, "weight_decay": weight_decay, **scale}]
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     exempt_ids = {id(p) for n, p in named if p.ndim < 2 or id(p) in emb or canonical_name(n) == "tok_emb.weight"}
     decayed = [(n, p) for n, p in named if id(p) not in exempt_ids]
     exempt = [(n, p) for n, p in named if id(p) in exempt_ids]
@@ -135,18 +264,24 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("model has no trainable parameters")
-    matrices = [(n, p) for n, p in named if is_matrix_param(n, p)]
-    rest = [(n, p) for n, p in named if not is_matrix_param(n, p)]
+    matrices = hidden_matrices(named, model)
+    hidden = {id(p) for _, p in matrices}
+    rest = [(n, p) for n, p in named if id(p) not in hidden]
+    emb = parameter_roles(named, model).embeddings
     scale = cfg.adamw_lr_scale if cfg.own_adamw_group else None
     if cfg.name == "adamw":
         if not cfg.own_adamw_group:
-            return Routing([], _adamw_groups(named, model, cfg, cfg.weight_decay, None))
-        hidden = _adamw_groups(matrices, model, cfg, cfg.weight_decay, None)
-        return Routing([], hidden + _adamw_groups(rest, model, cfg, cfg.adamw_decay, scale))
+            return Routing([], _adamw_groups(named, emb, cfg, cfg.weight_decay, None))
+        return Routing(
+            [],
+            _adamw_groups(matrices, emb, cfg, cfg.weight_decay, None)
+            + _adamw_groups(rest, emb, cfg, cfg.adamw_decay, scale),
+        )
     if cfg.name in ELEMENTWISE:
-        return Routing([], [], _elementwise_groups(named, model, cfg))
+        return Routing([], [], _elementwise_groups(named, emb, hidden, cfg))
     if not matrices:
         raise ValueError(
-            f"optim.name={cfg.name} found no 2-D weights under 'blocks.' to orthogonalise; is this the GPT model?"
+            f"optim.name={cfg.name} found no hidden 2-D weight matrices to orthogonalise (embeddings, the output "
+            "head, norms and biases are AdamW's); use optim.name=adamw for this model"
         )
-    return Routing(matrices, _adamw_groups(rest, model, cfg, cfg.adamw_decay, scale))
+    return Routing(matrices, _adamw_groups(rest, emb, cfg, cfg.adamw_decay, scale))

@@ -31,6 +31,9 @@ MOONLIGHT_FACTOR = 0.2  # s = 0.2·√max(m, n): matches AdamW's per-element upd
 
 @dataclass(frozen=True)
 class Variant:
+    """One member of the Muon family as its four choices (shape factor, trust-ratio denominator,
+    weight decay, calibration); the module docstring says what each value means."""
+
     shape: str
     denominator: str
     decay: str

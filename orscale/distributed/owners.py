@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from orscale.muon_family import GroupWork, MuonFamily
+from orscale.muon_family import GroupWork, MuonFamily, matrix_shape
 from orscale.newton_schulz import newton_schulz_many, resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList
 
@@ -243,11 +243,11 @@ class OwnerMuonFamily(MuonFamily):
     def _build_consts(self) -> None:
         super()._build_consts()
         ps = [p for g in self.param_groups for p in g["params"]]
-        owners = assign_owners([tuple(p.shape) for p in ps], self._world, self._replicas)
+        owners = assign_owners([matrix_shape(p) for p in ps], self._world, self._replicas)
         self._layout = {}
         self._device = ps[0].device if ps else torch.device("cpu")
         for p, o in zip(ps, owners, strict=True):
-            m, n = p.shape
+            m, n = matrix_shape(p)  # a conv weight as its [out, in·k…] matrix
             rows, starts = (
                 row_split(m, self._shards) if self._sharded_rows else ((m,) * self._world, (0,) * self._world)
             )

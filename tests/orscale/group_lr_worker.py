@@ -13,8 +13,8 @@ import json
 import torch
 
 from launch.config import load_config
-from orscale.routing import is_matrix_param
 from orscale.schedule import lr_at
+from tests.orscale.optim_helpers import gpt_hidden
 
 STEPS = 4
 SEQ = 16
@@ -57,7 +57,7 @@ def _groups(engine) -> list[tuple[str, float]]:
                     n.startswith("blocks.") and len(s) == 2 for n, s in zip(names, opt._layouts[i].shapes, strict=True)
                 )
             else:
-                hidden = all(is_matrix_param(n, p) for n, p in zip(group["param_names"], group["params"], strict=True))
+                hidden = all(gpt_hidden(n, p) for n, p in zip(group["param_names"], group["params"], strict=True))
             out.append(("hidden" if hidden else "adamw", group["lr"]))
     return out
 

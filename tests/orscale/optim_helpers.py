@@ -39,6 +39,14 @@ def assert_close_lists(a, b, rtol=2e-5, atol=1e-6):
 
 
 # ---- the Muon family's tests
+def gpt_hidden(name: str, p: torch.Tensor) -> bool:
+    """This project's GPT's hidden matrices, as the paper names them: every 2-D weight inside the
+    transformer blocks (an oracle independent of orscale.routing's general rule)."""
+    from orscale.routing import canonical_name
+
+    return canonical_name(name).startswith("blocks.") and p.ndim == 2
+
+
 def tiny_gpt(dtype: torch.dtype = torch.float32) -> nn.Module:
     from models.gpt import GPT
     from models.presets import get_preset
@@ -88,3 +96,23 @@ class Wrap(nn.Module):
                     mod.add_module(part, nn.Module())
                 mod = getattr(mod, part)
             mod.register_parameter(leaf, p)
+
+
+# ---- whole-model optimizers (orscale.OrScaleLM) on a Hugging Face model
+def hf_gpt2(tied: bool = True, seed: int = 0) -> nn.Module:
+    """A tiny GPT2LMHeadModel built locally (no hub): 2 layers, width 32, vocabulary 96, no dropout
+    (so that equal weights give equal gradients)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    sizes = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=32, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(**sizes, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied)
+    return GPT2LMHeadModel(cfg)
+
+
+def lm_step_grads(model: nn.Module, seed: int) -> None:
+    """Fresh gradients of the language-model loss on a fixed random batch."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, model.config.vocab_size, (2, 16), generator=gen)
+    model.zero_grad(set_to_none=True)
+    model(idx, labels=idx).loss.backward()

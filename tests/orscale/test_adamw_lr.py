@@ -11,9 +11,10 @@ from launch.config import load_config
 from launch.errors import ConfigError
 from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers, set_lr
-from orscale.routing import is_matrix_param, route_parameters
+from orscale.routing import route_parameters
 from orscale.schedule import lr_at, lr_scales
 from tests.orscale import group_lr_worker as worker
+from tests.orscale.optim_helpers import gpt_hidden
 
 CFG = get_preset("tiny", n_layer=2, d_model=32, n_head=2, max_seq_len=16, vocab_size=128)
 FAMILIES = ("adamw", "muon_moonlight", "orscale_lm", "cbp", "lamb", "lars")
@@ -54,7 +55,7 @@ def test_adamw_lr_changes_only_the_adamw_groups_lr(name):
         set_lr(optimizers, lr)
         for opt in optimizers:
             for group in opt.param_groups:
-                hidden = all(is_matrix_param(n, p) for n, p in zip(group["param_names"], group["params"], strict=True))
+                hidden = all(gpt_hidden(n, p) for n, p in zip(group["param_names"], group["params"], strict=True))
                 assert group["lr"] == pytest.approx(lr if hidden else 4 * lr, rel=1e-12), (name, step)
     one, _ = _train(name, steps=1)
     scaled, _ = _train(name, steps=1, adamw_lr=0.04)
@@ -68,7 +69,7 @@ def test_adamw_weight_decay_is_the_adamw_groups_decay_only():
     routing = route_parameters(GPT(CFG, seed=0), cfg)
     assert [g["weight_decay"] for g in routing.adamw_groups] == [0.0]
     adamw = route_parameters(GPT(CFG, seed=0), OptimConfig(name="adamw", adamw_weight_decay=0.0))
-    decays = {all(is_matrix_param(n, p) for n, p in g["params"]): g["weight_decay"] for g in adamw.adamw_groups}
+    decays = {all(gpt_hidden(n, p) for n, p in g["params"]): g["weight_decay"] for g in adamw.adamw_groups}
     assert decays == {True: 0.1, False: 0.0}
 
 

@@ -125,9 +125,12 @@ def test_vector_to_matrix_optimizer_names_it() -> None:
         )
 
 
-def test_model_without_block_matrices() -> None:
-    with pytest.raises(ValueError, match="no 2-D weights under 'blocks.'"):
-        build_optimizers(nn.Linear(4, 4), OptimConfig(name="muon"))
+def test_model_without_hidden_matrices() -> None:
+    """An embedding and a norm only: nothing for the Muon family (the rule is not the GPT's names)."""
+    with pytest.raises(ValueError, match="found no hidden 2-D weight matrices"):
+        build_optimizers(nn.Sequential(nn.Embedding(8, 4), nn.LayerNorm(4)), OptimConfig(name="muon"))
+    muon, adamw = build_optimizers(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), OptimConfig(name="muon"))
+    assert muon.param_groups[0]["param_names"] == ["0.weight"]
 
 
 def test_canonical_name_strips_wrappers() -> None:
