@@ -71,7 +71,10 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
 
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if parallel.compile == "blocks":
+    compile_mode = parallel.compile
+    if compile_mode == "auto":  # a ParallelConfig built directly: load_config resolves it for runs
+        compile_mode = "blocks" if env.device.type == "cuda" else "none"
+    if compile_mode == "blocks":
         for block in model.blocks:
             _compile_forward(block, compile_backend)
         # The head and the loss too: eager, its chunk loop is ~14 passes over each chunk of logits.
@@ -87,7 +90,7 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
             last = block is model.blocks[-1]
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    if parallel.compile == "model":
+    if compile_mode == "model":
         _compile_forward(model, compile_backend)
 
 
