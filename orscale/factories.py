@@ -104,6 +104,7 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
         r_max=cfg.r_max,
         eps=cfg.trust_eps,
         track_diagnostics=cfg.diagnostics,
+        compile_passes=cfg.compile_passes,
     )
 
 

@@ -96,14 +96,28 @@ def newton_schulz(
     return X if M.ndim == 3 else X.squeeze(0)
 
 
+def normalisation(coefficients: str) -> tuple[float, float]:
+    """(scale, ε) of X₀ = M / (scale·‖M‖_F + ε) for a coefficient set (see the module docstring)."""
+    return (1.02, 1e-6) if coefficients == "polar_express" else (1.0, 1e-7)
+
+
 def _normalise(X: Tensor, coefficients: str, work_dtype: torch.dtype) -> Tensor:
     """X₀ = X / (scale·‖X‖_F + ε) per matrix of the batch X, cast to the work dtype (X's strides kept)."""
     norm = torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True)
-    if coefficients == "polar_express":
-        X = X.float() / (1.02 * norm + 1e-6)
-    else:
-        X = X.float() / (norm + 1e-7)
+    scale, eps = normalisation(coefficients)
+    X = X.float() / (scale * norm + eps)
     return X.to(work_dtype)
+
+
+def shape_buckets(matrices: Sequence[Tensor]) -> dict[tuple, list[int]]:
+    """Positions of the 2-D `matrices` that iterate on the same shape: keyed by (min(m,n), max(m,n),
+    dtype, device), so an [m, n] and an [n, m] matrix share a bucket (the tall one transposed)."""
+    buckets: dict[tuple, list[int]] = defaultdict(list)
+    for i, m in enumerate(matrices):
+        if m.ndim != 2:
+            raise ValueError(f"Newton–Schulz expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
+        buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
+    return buckets
 
 
 def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
@@ -123,6 +137,9 @@ def newton_schulz_many(
     steps: int = 5,
     coefficients: str = "polar_express",
     dtype: DTypeLike = "bf16",
+    *,
+    norms: Tensor | None = None,
+    compiled: bool = False,
 ) -> list[Tensor]:
     """Orthogonalise a list of 2-D matrices, batching those that iterate on the same shape.
 
@@ -134,30 +151,40 @@ def newton_schulz_many(
     and single GEMMs round alike, as on the CPU this was tested on), comes back in input order
     and in its input's shape, as a view into its bucket's output (transposed for tall inputs,
     as `newton_schulz` returns them; no copies).
+
+    `norms` [len(matrices)]: each matrix's ‖M‖_F when the caller has it already (the Muon family's
+    momentum pass computes it): X₀ is then formed in ONE pass per bucket (read M, write X₀ in the
+    work dtype: `orscale.muon_passes.normalise_pass`, compiled on request) instead of stacking,
+    norming and casting; equal to the above within the norm's summation order.
     """
+    from orscale.muon_passes import normalise_pass
+
     schedule = ns_schedule(coefficients, steps)
     work_dtype = resolve_ns_dtype(dtype)
-    buckets: dict[tuple, list[int]] = defaultdict(list)
-    for i, m in enumerate(matrices):
-        if m.ndim != 2:
-            raise ValueError(f"newton_schulz_many expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
-        buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
+    scale, eps = normalisation(coefficients)
     out: dict[int, Tensor] = {}
-    for (rows, cols, _, device), idx in buckets.items():
-        if len(idx) == 1:
+    for (rows, cols, _, device), idx in shape_buckets(matrices).items():
+        if norms is not None:
+            mats = [matrices[i] for i in idx]
+            tall = [m.size(0) > m.size(1) for m in mats]
+            X = normalise_pass(mats, torch.stack([norms[i] for i in idx]), tall, scale, eps, work_dtype, compiled)
+            order = idx
+        elif len(idx) == 1:
             out[idx[0]] = newton_schulz(matrices[idx[0]], steps, coefficients, dtype)
             continue
-        tall = [i for i in idx if matrices[i].size(0) > matrices[i].size(1)]
-        wide = [i for i in idx if matrices[i].size(0) <= matrices[i].size(1)]
-        # Each orientation is normalised as stored, then transposed into the shared buffer: the
-        # norm's summation order follows the memory layout, and this order is the one a
-        # single `newton_schulz` call uses, so every result stays bit-equal to it.
-        X = torch.empty(len(idx), rows, cols, dtype=work_dtype, device=device)
-        if wide:
-            X[: len(wide)] = _normalise(torch.stack([matrices[i] for i in wide]), coefficients, work_dtype)
-        if tall:
-            X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall]).mT, coefficients, work_dtype)
+        else:
+            tall_ = [i for i in idx if matrices[i].size(0) > matrices[i].size(1)]
+            wide = [i for i in idx if matrices[i].size(0) <= matrices[i].size(1)]
+            # Each orientation is normalised as stored, then transposed into the shared buffer: the
+            # norm's summation order follows the memory layout, and this order is the one a
+            # single `newton_schulz` call uses, so every result stays bit-equal to it.
+            X = torch.empty(len(idx), rows, cols, dtype=work_dtype, device=device)
+            if wide:
+                X[: len(wide)] = _normalise(torch.stack([matrices[i] for i in wide]), coefficients, work_dtype)
+            if tall_:
+                X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall_]).mT, coefficients, work_dtype)
+            order = wide + tall_
         Q = _iterate(X, schedule)
-        for i, q in zip(wide + tall, Q.unbind(0), strict=True):
+        for i, q in zip(order, Q.unbind(0), strict=True):
             out[i] = q.mT if matrices[i].size(0) > matrices[i].size(1) else q
     return [out[i] for i in range(len(matrices))]

@@ -47,6 +47,9 @@ class OptimConfig:
     trust_eps: float = 1e-6
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
+    # Muon family: its elementwise passes around Newton–Schulz compiled into fused kernels (null: on
+    # CUDA) or run eager, op by op (orscale/muon_passes.py)
+    compile_passes: bool | None = None
     warmup_steps: int = 1000
     min_lr_ratio: float = 0.0  # the schedule's floor as a fraction of the peak LR
     # cosine: warmup, then cosine to the floor at the last step. wsd: warmup, the peak, then a cooldown
