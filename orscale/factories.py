@@ -105,6 +105,7 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
         eps=cfg.trust_eps,
         track_diagnostics=cfg.diagnostics,
         compile_passes=cfg.compile_passes,
+        ns_kernel=cfg.ns_kernel,
     )
 
 

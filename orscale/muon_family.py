@@ -38,7 +38,7 @@ from torch import Tensor
 from orscale.calibration import calibrate, ratio_terms, trust_ratio
 from orscale.diagnostics import DiagnosticsMixin
 from orscale.muon_passes import apply_pass, momentum_pass, update_norms_pass
-from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
+from orscale.newton_schulz import NS_KERNELS, newton_schulz_many, ns_schedule, resolve_ns_dtype
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
@@ -81,7 +81,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     float (the trainer sets ``group["lr"]`` every step). ``track_diagnostics=False`` skips the
     norms only diagnostics need (``diagnostics()`` then returns {}). ``compile_passes``: the
     elementwise passes (``orscale.muon_passes``) compiled into fused kernels, or eager (None: compiled
-    where the parameters are on CUDA).
+    where the parameters are on CUDA). ``ns_kernel``: ``orscale.newton_schulz.NS_KERNELS``.
     """
 
     def __init__(
@@ -105,6 +105,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         calibration: str | None = None,
         track_diagnostics: bool = True,
         compile_passes: bool | None = None,
+        ns_kernel: str = "auto",
     ) -> None:
         base = get_variant(variant) if isinstance(variant, str) else variant
         v = base.replace(shape=shape, denominator=denominator, decay=decay, calibration=calibration)
@@ -125,6 +126,9 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         # The elementwise passes around Newton–Schulz (orscale.muon_passes) compiled into fused
         # kernels (None: where the parameters are on CUDA) or run eager, op by op.
         self.compile_passes = compile_passes
+        if ns_kernel not in NS_KERNELS:
+            raise ValueError(f"ns_kernel must be one of {', '.join(NS_KERNELS)}, got {ns_kernel!r}")
+        self.ns_kernel = ns_kernel  # newton_schulz.NS_KERNELS: who computes NS's symmetric products
         # Per group, host-built once: shape factors and 1/√numel as device vectors, so the step
         # needs no host→device copies. Cumulative clip counters live here too (not in `state`:
         # they are diagnostics, not something a resume needs).
@@ -313,7 +317,13 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         g = w.group
         norms = w.norms[:, 0] if w.norms is not None else None
         qs = newton_schulz_many(
-            m_hats, g["ns_steps"], g["ns_coefficients"], g["ns_dtype"], norms=norms, compiled=self._compiled(w)
+            m_hats,
+            g["ns_steps"],
+            g["ns_coefficients"],
+            g["ns_dtype"],
+            norms=norms,
+            compiled=self._compiled(w),
+            kernel=self.ns_kernel,
         )
         self.ns_calls += len(qs)
         return qs

@@ -120,7 +120,7 @@ def momentum_pass(
 
 
 @momentum_pass.register_fake
-def _(bufs, grads, mu, nesterov, mhat_norm, grad_norm, compiled):  # type: ignore[no-untyped-def]
+def _(bufs, grads, mu, nesterov, mhat_norm, grad_norm, compiled):
     return [torch.empty_like(m) for m in bufs] if nesterov else [], bufs[0].new_empty(len(bufs), 2)
 
 
@@ -134,7 +134,7 @@ def normalise_pass(
 
 
 @normalise_pass.register_fake
-def _(m_hats, norms, tall, scale, eps, dtype, compiled):  # type: ignore[no-untyped-def]
+def _(m_hats, norms, tall, scale, eps, dtype, compiled):
     rows, cols = sorted(m_hats[0].shape)
     return m_hats[0].new_empty(len(m_hats), rows, cols, dtype=dtype)
 
@@ -149,7 +149,7 @@ def update_norms_pass(
 
 
 @update_norms_pass.register_fake
-def _(ws, qs, s, wd, want, compiled):  # type: ignore[no-untyped-def]
+def _(ws, qs, s, wd, want, compiled):
     return ws[0].new_empty(len(ws), 4, dtype=torch.float32)
 
 
@@ -169,5 +169,5 @@ def apply_pass(
 
 
 @apply_pass.register_fake
-def _(params, qs, coef, s, wd, keep, coupled, compiled):  # type: ignore[no-untyped-def]
+def _(params, qs, coef, s, wd, keep, coupled, compiled):
     return None

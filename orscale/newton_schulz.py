@@ -35,6 +35,9 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 JORDAN_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 
 NS_COEFFICIENT_SETS: tuple[str, ...] = ("polar_express", "jordan")
+# Who computes X Xᵀ and b·A + c·A²: auto (orscale.ns_kernels' symmetric Triton kernels for bf16 on
+# CUDA when they pass their check, else torch), torch (cuBLAS's full products: the reference).
+NS_KERNELS: tuple[str, ...] = ("auto", "torch")
 _NS_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 DTypeLike = str | torch.dtype
@@ -129,6 +132,15 @@ def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
     return X
 
 
+def _iterate_with(X: Tensor, schedule: list[tuple[float, float, float]], kernel: str) -> Tensor:
+    if kernel == "auto":
+        from orscale import ns_kernels
+
+        if ns_kernels.usable(X):
+            return ns_kernels.iterate_symmetric(X, schedule)
+    return _iterate(X, schedule)
+
+
 # Its own span in a profiler trace (train.profile); without a profiler running, a few µs per call,
 # one call per shape bucket and step (bench/bench_record_function.py).
 @record_function("newton_schulz")
@@ -140,6 +152,7 @@ def newton_schulz_many(
     *,
     norms: Tensor | None = None,
     compiled: bool = False,
+    kernel: str = "torch",
 ) -> list[Tensor]:
     """Orthogonalise a list of 2-D matrices, batching those that iterate on the same shape.
 
@@ -155,10 +168,14 @@ def newton_schulz_many(
     `norms` [len(matrices)]: each matrix's ‖M‖_F when the caller has it already (the Muon family's
     momentum pass computes it): X₀ is then formed in ONE pass per bucket (read M, write X₀ in the
     work dtype: `orscale.muon_passes.normalise_pass`, compiled on request) instead of stacking,
-    norming and casting; equal to the above within the norm's summation order.
+    norming and casting; equal to the above within the norm's summation order. `kernel`
+    (NS_KERNELS): "auto" runs each bucket's two symmetric products in `orscale.ns_kernels` where
+    they apply (half their FLOPs; equal within bf16 rounding).
     """
     from orscale.muon_passes import normalise_pass
 
+    if kernel not in NS_KERNELS:
+        raise ValueError(f"Newton–Schulz kernel must be one of {', '.join(NS_KERNELS)}, got {kernel!r}")
     schedule = ns_schedule(coefficients, steps)
     work_dtype = resolve_ns_dtype(dtype)
     scale, eps = normalisation(coefficients)
@@ -184,7 +201,7 @@ def newton_schulz_many(
             if tall_:
                 X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall_]).mT, coefficients, work_dtype)
             order = wide + tall_
-        Q = _iterate(X, schedule)
+        Q = _iterate_with(X, schedule, kernel)
         for i, q in zip(order, Q.unbind(0), strict=True):
             out[i] = q.mT if matrices[i].size(0) > matrices[i].size(1) else q
     return [out[i] for i in range(len(matrices))]
