@@ -27,6 +27,7 @@ from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
+from launch.runtime.attention import ATTENTION_BACKENDS, resolve_attention
 from models.presets import ModelConfig
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
@@ -118,6 +119,9 @@ class TrainConfig:
     # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
     # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
     tf32: bool = True
+    # F.scaled_dot_product_attention's kernel: auto (per board, as the device check measured it;
+    # launch/engine/attention.py) | default (torch's order) | flash | cudnn | efficient | math
+    attention: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
@@ -143,6 +147,10 @@ class TrainConfig:
         )
         _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        _require(
+            self.attention in ATTENTION_BACKENDS,
+            f"train.attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}",
+        )
         _require(
             self.on_save_error in ON_SAVE_ERROR,
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
@@ -348,12 +356,22 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     return cfg
 
 
+def _cuda_device_name() -> str | None:
+    import torch
+
+    try:
+        return torch.cuda.get_device_name()
+    except (AssertionError, RuntimeError):  # no CUDA device after all: train.device=cuda is refused later
+        return None
+
+
 def resolve_device_defaults(cfg: Config, cuda: bool | None = None) -> None:
     """The `auto` settings that depend on the device, resolved in place, so that config.yaml and
     run.log record what runs (docs/gpu.md, "One GPU"). `cuda`: whether the run trains on CUDA
     (default: train.device, or for auto whether a CUDA device is visible). On CUDA,
     `parallel.compile` is blocks (compiled blocks, head and loss: the fastest measured) and AdamW
     fused (foreach on FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach.
+    `train.attention` auto becomes the backend measured fastest on this board, else torch's order.
     `parallel.backend` auto was resolved by ParallelConfig: none for one process (FSDP2 on one GPU
     measured 0.967 of its tokens/s), fsdp when launched on several."""
     from orscale.factories import adamw_auto
@@ -366,6 +384,8 @@ def resolve_device_defaults(cfg: Config, cuda: bool | None = None) -> None:
         cfg.parallel.compile = "blocks" if cuda else "none"
     if cfg.optim.fused == "auto":
         cfg.optim.fused = adamw_auto(cuda, dtensor_params=cfg.parallel.backend == "fsdp")
+    if cfg.train.attention == "auto":
+        cfg.train.attention = resolve_attention("auto", _cuda_device_name() if cuda else None)
 
 
 def validate(cfg: Config) -> None:

@@ -52,3 +52,32 @@ def test_adamw_auto_avoids_fused_on_dtensors_only_where_torch_leaks() -> None:
     assert adamw_auto(True, dtensor_params=True, version="2.13.0") == "fused"
     assert adamw_auto(True, dtensor_params=False, version="2.11.0") == "fused"
     assert adamw_auto(False, dtensor_params=False) == "foreach"
+
+
+# ---------------------------------------------------------------- the attention kernel
+def test_attention_auto_takes_the_backend_measured_on_the_board(monkeypatch: pytest.MonkeyPatch, cuda: None) -> None:
+    import launch.config as config
+    from launch.runtime import attention
+
+    monkeypatch.setattr(attention, "MEASURED_FASTEST", ((r"H200", "cudnn"),))
+    monkeypatch.setattr(config, "_cuda_device_name", lambda: "NVIDIA H200")
+    assert load_config(None).train.attention == "cudnn"
+    monkeypatch.setattr(config, "_cuda_device_name", lambda: "NVIDIA A100-SXM4-80GB")
+    assert load_config(None).train.attention == "default"  # not measured there: torch's order
+    assert load_config(None, ["train.attention=flash"]).train.attention == "flash"
+    assert load_config(None, ["train.device=cpu"]).train.attention == "default"
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("backend, kernel", [("math", "math"), ("flash", "flash_attention_for_cpu")])
+def test_the_attention_context_picks_the_kernel(backend: str, kernel: str) -> None:
+    """On the CPU too: SDPA runs the named backend first (seen in the profiler's op names)."""
+    from torch.profiler import profile
+
+    from launch.runtime.attention import attention_context
+
+    q = torch.randn(1, 2, 16, 8)
+    with profile() as prof, attention_context(backend):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    names = {e.name for e in prof.events()}
+    assert any(kernel in n for n in names), sorted(n for n in names if "attention" in n)
