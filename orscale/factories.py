@@ -75,11 +75,8 @@ def adamw_implementation(
     # Routed groups hold (name, param) pairs; plain groups hold params.
     params = [item[1] if isinstance(item, tuple) else item for g in groups for item in g["params"]]
     leaks = fused_leaks(params, version)
-    if setting == "auto":
-        from torch.distributed.tensor import DTensor
-
-        on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
-        setting = adamw_auto(on_cuda, any(isinstance(p, DTensor) for p in params), version)
+    if setting == "auto":  # adamw_auto's rule, on the parameters themselves
+        setting = "fused" if params and all(p.device.type == "cuda" for p in params) and not leaks else "foreach"
     elif setting == "fused" and leaks:
         logging.getLogger("orscale").warning(
             "optim.fused=fused on FSDP2 parameters under torch %s leaks host memory every step "
