@@ -2,15 +2,18 @@
 (an OOM, a compile error) is that phase's error line and the others still run. Writes ONE
 `<out>/gpu_check.json` and ONE `<out>/gpu_check.md`, both rewritten after every phase (docs/gpu.md).
 
-    bash bench/gpu_check.sh --out DIR                  # one GPU, under 8 minutes
+    bash bench/gpu_check.sh --out DIR                  # one GPU, under 10 minutes
     bash bench/gpu_check.sh --out DIR --device cpu     # the same phases at tiny sizes (a test)
 
-Phases: preflight (device, versions, bf16, a tiny torch.compile, a process group); throughput, one
-process per preset (compiling two presets in one process recompiles with dynamic shapes) x adamw /
-muon_moonlight / orscale_lm, the step split into forward+backward / clip / optimizer; FSDP2 on one
-device against no sharding; train.py on GPT-2 token shards of the bundled corpus (prepared in the
-background from the start). Token shards, the run dir and logs go to --scratch, outside --out by
-default, so that --out holds the two result files only.
+Phases: preflight (device, versions, bf16, a tiny torch.compile, flash and cuDNN SDPA, a process
+group); throughput with the defaults of one process, one process per preset (compiling two presets
+in one process recompiles with dynamic shapes) x adamw / muon_moonlight / orscale_lm, the step split
+into forward+backward / clip / optimizer; the A/B rows of each change (bench/gpu_ab.py: loss eager,
+compile model, flash and cuDNN attention); Newton–Schulz before / after on its own; FSDP2 on one
+device against no sharding; ZeRO-2 with DeepSpeed from a wheelhouse (not run without one); train.py
+on GPT-2 token shards of the bundled corpus (prepared in the background from the start). Token
+shards, the run dir and logs go to --scratch, outside --out by default, so that --out holds the two
+result files only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_ab import ab_markdown, ab_rows, ns_ab, table, unpack_wheelhouse, zero2_rows
 from bench.gpu_phases import COMPARED, LIMITS, OPTIMS, PLANS, RESERVE_S, ROOT, DevicePlan, preflight, throughput
 
 
@@ -38,8 +42,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scratch", help="token shards, the run dir and logs (default: a new directory under $TMPDIR)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--compile", choices=["blocks", "model", "none"], help="default: blocks on cuda, none on cpu")
-    p.add_argument("--budget", type=int, help="seconds for the whole check (default: 480 on cuda)")
-    p.add_argument("--worker", choices=["preflight", "throughput", "fsdp_vs_none"], help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=int, help="seconds for the whole check (default: 600 on cuda)")
+    p.add_argument(
+        "--wheelhouse",
+        help="DeepSpeed's wheels for the zero2 rows (default: bench/wheelhouse if present; bench/make_wheelhouse.sh)",
+    )
+    workers = ["preflight", "throughput", "fsdp_vs_none", "ab", "ns_ab", "zero2"]
+    p.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
     p.add_argument("--preset", help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -70,20 +79,23 @@ class Check:
     result: dict[str, Any]
     started: float = field(default_factory=time.monotonic)
 
-    def env(self) -> dict[str, str]:
+    def env(self, extra_path: str = "") -> dict[str, str]:
         # Keep what is on PYTHONPATH already (a test's import blocker): the repo root goes first.
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", ""), extra_path) if p)
         quiet = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         return {**os.environ, **quiet, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": path}
 
-    def phase(self, name: str, cmd: list[str], keep_s: float, rows: bool = True) -> list[dict[str, Any]]:
+    def phase(
+        self, name: str, cmd: list[str], keep_s: float, rows: bool = True, extra_path: str = ""
+    ) -> list[dict[str, Any]]:
         """One phase's process under its timeout (its own, capped so that the phases still to come
-        keep `keep_s` seconds); records status, seconds, error line; returns the rows it wrote."""
+        keep `keep_s` seconds); records status, seconds, error line; returns the rows it wrote.
+        `extra_path`: appended to the process's PYTHONPATH (the unpacked wheelhouse)."""
         left = self.deadline - time.monotonic() - keep_s
         timeout = min(self.plan.timeouts.get(name, self.plan.budget_s), left)
         record: dict[str, Any] = self.result["phases"].setdefault(name, {})
         record.update(status="skipped", timeout_s=round(max(timeout, 0)), error=None)
-        stem = self.scratch / "logs" / name.replace(" ", "_")
+        stem = self.scratch / "logs" / name.replace(" ", "_").replace("/", "")
         rows_path, log = stem.with_suffix(".jsonl"), stem.with_suffix(".log")
         rows_path.unlink(missing_ok=True)
         if timeout < 20:
@@ -92,7 +104,8 @@ class Check:
             t0 = time.monotonic()
             with open(log, "w") as fh:  # a session of its own: a timeout takes its children (compile workers) along
                 full = [*cmd, "--rows", str(rows_path)] if rows else cmd
-                proc = subprocess.Popen(full, cwd=ROOT, env=self.env(), stdout=fh, stderr=fh, start_new_session=True)
+                env = self.env(extra_path)
+                proc = subprocess.Popen(full, cwd=ROOT, env=env, stdout=fh, stderr=fh, start_new_session=True)
                 try:
                     rc = proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -125,7 +138,7 @@ def comparisons(rows: list[dict[str, Any]], plan: DevicePlan) -> list[dict[str, 
 
     out = []
     for preset in plan.presets:
-        by = {r["optim"]: r for r in rows if r["preset"] == preset and r["backend"] == "fsdp" and "error" not in r}
+        by = {r["optim"]: r for r in rows if r["preset"] == preset and "error" not in r}
         config = ROOT / "configs" / f"{preset}.yaml"
         tokens = yaml.safe_load(config.read_text())["train"]["tokens_per_step"] if config.is_file() else None
         for other, limit in LIMITS.items():
@@ -157,12 +170,10 @@ def _percent(key: str, value: Any) -> Any:
     return value * 100 if key.startswith("mfu") and value is not None else value
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 # The throughput table's columns (row keys); MFU in %.
-COLUMNS = "preset optim backend param_dtype micro_batch context tokens_per_s mfu_model mfu_model_causal mfu_opt "
+COLUMNS = (
+    "preset optim backend variant param_dtype micro_batch context tokens_per_s mfu_model mfu_model_causal mfu_opt "
+)
 COLUMNS += "mfu_total model_tflop_per_step "
 COLUMNS += "opt_tflop_per_step peak_mem_gib fwd_bwd_ms clip_ms opt_ms step_ms notes"
 
@@ -195,23 +206,23 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", f"Scratch (token shards, the run, logs): `{res['scratch']}`"]
     head = ["phase", "status", "seconds", "timeout s", "error"]
     phases = [
-        [n, p["status"], _fmt(p.get("seconds")), str(p["timeout_s"]), p.get("error") or ""]
+        [n, p["status"], _fmt(p.get("seconds")), str(p.get("timeout_s", "—")), p.get("error") or ""]
         for n, p in res["phases"].items()
     ]
-    lines += ["", *_table(head, phases)]
+    lines += ["", *table(head, phases)]
     if pre:
-        lines += ["", "## Preflight", "", *_table(["", ""], [[k, _fmt(v, 2)] for k, v in pre.items()])]
-    rows = [*res.get("throughput", []), *res.get("fsdp_vs_none", [])]
+        lines += ["", "## Preflight", "", *table(["", ""], [[k, _fmt(v, 2)] for k, v in pre.items()])]
+    rows = [*res.get("throughput", []), *res.get("ab", []), *res.get("fsdp_vs_none", []), *res.get("zero2", [])]
     if rows:
         keys = COLUMNS.split()
         lines += ["", "## Throughput (synthetic tokens; train.dtype auto: bf16 autocast on CUDA)", ""]
         lines += [mfu_legend(pre), ""]
-        lines += _table(keys, [[_fmt(_percent(k, r.get(k)), _digits(k)) for k in keys] for r in rows])
+        lines += table(keys, [[_fmt(_percent(k, r.get(k)), _digits(k)) for k in keys] for r in rows])
     if res.get("comparisons"):
         titles = "preset;orscale_lm over;step time ratio;limit;within;at the config's tokens/step;same micro-batch"
         fields = ("preset", "against", "ratio", "limit", "within", "ratio_at_config", "comparable")
         cells = [[_fmt(c[k], 3) for k in fields] for c in res["comparisons"]]
-        lines += ["", "## OrScale-LM's step time", "", *_table(titles.split(";"), cells)]
+        lines += ["", "## OrScale-LM's step time", "", *table(titles.split(";"), cells)]
     fsdp = {(r["optim"], r["backend"]): r["tokens_per_s"] for r in res.get("fsdp_vs_none", []) if "error" not in r}
     pairs = [
         [o, _fmt(fsdp[o, "none"], 0), _fmt(fsdp[o, "fsdp"], 0), _fmt(fsdp[o, "fsdp"] / fsdp[o, "none"], 3)]
@@ -224,10 +235,11 @@ def markdown(res: dict[str, Any]) -> str:
             "Both sides fp32 parameters under bf16 autocast (FSDP2's param_dtype=fp32 here): only the layout differs."
         ]
         lines += [""]
-        lines += _table(["optimizer", "none tokens/s", "fsdp tokens/s", "fsdp / none"], pairs)
+        lines += table(["optimizer", "none tokens/s", "fsdp tokens/s", "fsdp / none"], pairs)
+    lines += ab_markdown(res)
     if res.get("realtext"):
         lines += ["", "## Real text: train.py, data.source=tokens, the bundled corpus", ""]
-        lines += _table(["", ""], [[k, _fmt(v, 4)] for k, v in res["realtext"].items()])
+        lines += table(["", ""], [[k, _fmt(v, 4)] for k, v in res["realtext"].items()])
     return "\n".join(lines)
 
 
@@ -268,8 +280,10 @@ def orchestrate(args: argparse.Namespace) -> int:
     # What the phases still to come keep: RESERVE_S each, and the realtext phase a floor of its own
     # (it compiles an evaluation graph and writes a checkpoint, so it cannot live on leftovers).
     keep = lambda phases_left: RESERVE_S * phases_left + plan.realtext_floor_s
+    wheelhouse = Path(args.wheelhouse) if args.wheelhouse else ROOT / "bench" / "wheelhouse"
+    later = ["a/b", "newton-schulz a/b", "fsdp_vs_none"] + (["zero2"] if wheelhouse.is_dir() else [])
     first = [*me, "--worker", "preflight", "--compile", args.compile]
-    pre = check.phase("preflight", first, keep(len(plan.presets) + 1))
+    pre = check.phase("preflight", first, keep(len(plan.presets) + len(later)))
     result["preflight"] = pre[0] if pre else None
     result["compile"], result["compile_note"] = effective_compile(args.compile, pre[0].get("compile") if pre else None)
     ok = result["phases"]["preflight"]["status"] == "ok"  # else no device: the device phases are not run
@@ -277,10 +291,20 @@ def orchestrate(args: argparse.Namespace) -> int:
     result["throughput"] = []
     for i, preset in enumerate(plan.presets if ok else []):
         worker = [*me, "--worker", "throughput", "--preset", preset]
-        result["throughput"] += check.phase(f"throughput {preset}", worker, keep(len(plan.presets) - i))
+        result["throughput"] += check.phase(
+            f"throughput {preset}", worker, keep(len(plan.presets) - i - 1 + len(later))
+        )
         result["comparisons"] = comparisons(result["throughput"], plan)
     if ok:
-        result["fsdp_vs_none"] = check.phase("fsdp_vs_none", [*me, "--worker", "fsdp_vs_none"], keep(0))
+        result["ab"] = check.phase(f"a/b {plan.ab_preset}", [*me, "--worker", "ab"], keep(len(later) - 1))
+        result["ns_ab"] = check.phase("newton-schulz a/b", [*me, "--worker", "ns_ab"], keep(len(later) - 2))
+        result["fsdp_vs_none"] = check.phase("fsdp_vs_none", [*me, "--worker", "fsdp_vs_none"], keep(len(later) - 3))
+    if ok and wheelhouse.is_dir():  # DeepSpeed from its wheels, unpacked into the scratch (no pip, no network)
+        site = scratch / "site"
+        result["wheelhouse"] = unpack_wheelhouse(wheelhouse, site)
+        result["zero2"] = check.phase("zero2", [*me, "--worker", "zero2"], keep(0), extra_path=str(site))
+    elif ok:
+        result["phases"]["zero2"] = {"status": "not run", "timeout_s": "—", "error": f"no wheelhouse at {wheelhouse}"}
     try:
         rc = prep.wait(timeout=max(check.deadline - time.monotonic() - plan.realtext_floor_s, 1))
     except subprocess.TimeoutExpired:
@@ -296,7 +320,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     if ok and rc == 0:
         run_dir = scratch / "run"
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run every time the check runs
-        real = f"data.source=tokens data.data_files=[{shards}] optim.name=orscale_lm parallel.backend=fsdp "
+        real = f"data.source=tokens data.data_files=[{shards}] optim.name=orscale_lm "
         real += f"parallel.compile={result['compile']} train.device={args.device} train.eval_every=0 "
         real += f"train.progress=false run.dir={run_dir}"
         cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml", *plan.real, *real.split()]
@@ -305,7 +329,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             result["realtext"] = {"command": " ".join(cmd[1:]), **realtext_summary(run_dir, shards)}
     check.write()
     print(markdown(result))
-    failed = [n for n, p in result["phases"].items() if p["status"] != "ok"]
+    failed = [n for n, p in result["phases"].items() if p["status"] not in ("ok", "not run")]
     print(f"\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}; phases not ok: {', '.join(failed) or 'none'}")
     return 1 if failed else 0
 
@@ -317,8 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         return orchestrate(args)
     if args.worker == "preflight":
         preflight(args)
-    elif args.worker == "throughput":
-        throughput(args, plan, [args.preset], ["fsdp"], OPTIMS)
+    elif args.worker == "throughput":  # the defaults of one process: no sharding
+        throughput(args, plan, [args.preset], ["none"], OPTIMS)
+    elif args.worker == "ab":
+        ab_rows(args, plan)
+    elif args.worker == "ns_ab":
+        ns_ab(args, plan)
+    elif args.worker == "zero2":
+        zero2_rows(args, plan)
     else:
         throughput(args, plan, [plan.compared], ["none", "fsdp"], COMPARED, param_dtype="fp32")
     return 0

@@ -31,6 +31,9 @@ class DevicePlan:
     budget_s: int
     timeouts: dict[str, int] = field(default_factory=dict)
     realtext_floor_s: int = 0  # kept for the realtext phase whatever the earlier phases took
+    ab_preset: str = "125m"  # the A/B rows' model (bench/gpu_ab.py)
+    ns_presets: tuple[str, ...] = ("125m", "1.1b")  # the Newton–Schulz A/B phase's matrix shapes
+    ns_variants: tuple[str, ...] = ("before", "compiled passes", "after")  # bench/gpu_ab.NS_VARIANTS
 
 
 GPU = DevicePlan(
@@ -43,9 +46,18 @@ GPU = DevicePlan(
     real="model.preset=125m model.max_seq_len=1024 data.seq_len=1024 data.val_tokens=32768 data.val_batch_size=32 "
     "data.logical_shards=8 train.tokens_per_step=32768 train.micro_batch_size=32 train.max_steps=100 "
     "train.log_every=25 optim.lr=1e-3 optim.warmup_steps=10".split(),
-    budget_s=480,
-    timeouts={"preflight": 120, "throughput 125m": 150, "throughput 1.1b": 210, "fsdp_vs_none": 120, "realtext": 150},
-    realtext_floor_s=150,
+    budget_s=600,
+    timeouts={
+        "preflight": 120,
+        "throughput 125m": 150,
+        "throughput 1.1b": 210,
+        "a/b 125m": 240,
+        "newton-schulz a/b": 180,
+        "fsdp_vs_none": 120,
+        "zero2": 150,
+        "realtext": 150,
+    },
+    realtext_floor_s=120,
 )
 CPU = DevicePlan(
     presets={"tiny": (64, 2, ["model.n_layer=2", "model.d_model=64"])},
@@ -57,6 +69,9 @@ CPU = DevicePlan(
     "train.log_every=2 optim.warmup_steps=2".split(),
     budget_s=1200,
     realtext_floor_s=60,
+    ab_preset="tiny",
+    ns_presets=("tiny",),
+    ns_variants=("before", "after"),  # the CPU runs no compiled passes here (inductor's C++: minutes)
 )
 PLANS = {"cuda": GPU, "cpu": CPU}
 
@@ -129,12 +144,12 @@ def preflight(args: argparse.Namespace) -> None:
             raise RuntimeError(f"compiled result {got} != eager {want}")
         return f"ok ({time.perf_counter() - t0:.1f} s)"
 
-    def flash() -> str:
+    def sdpa(backend: str) -> str:  # the kernel alone, no fallback: it runs here or says why not
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        q = torch.randn(1, 8, 1024, 128, device=dev, dtype=torch.bfloat16)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        q = torch.randn(1, 8, 1024, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
         return "ok"
 
     def group() -> str:  # NCCL on CUDA: what FSDP2 on one GPU needs
@@ -147,9 +162,24 @@ def preflight(args: argparse.Namespace) -> None:
     info["matmul_tflops"] = _try(matmul)
     info["compile"] = "skipped (--compile none)" if args.compile == "none" else _try(tiny_compile)
     if dev.type == "cuda":
-        info["sdpa_flash"] = _try(flash)
+        info["sdpa_flash"] = _try(lambda: sdpa("FLASH_ATTENTION"))
+        info["sdpa_cudnn"] = _try(lambda: sdpa("CUDNN_ATTENTION"))
     info["process_group"] = _try(group)
     emit(args.rows, info)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One throughput row: what `measure` builds and times. `variant` names an A/B row's change
+    against the default settings ("" for a row of the defaults)."""
+
+    preset: str
+    optim: str
+    backend: str
+    param_dtype: str = "auto"
+    overrides: tuple[str, ...] = ()
+    eager_head: bool = False
+    variant: str = ""
 
 
 def throughput(
@@ -160,8 +190,19 @@ def throughput(
     optims: tuple,
     param_dtype: str = "auto",
 ) -> None:
-    """`param_dtype`: FSDP2's `parallel.param_dtype`; fsdp_vs_none passes fp32, so that its FSDP2 rows
-    differ from the `none` rows (fp32 params under bf16 autocast) in the layout only."""
+    """Every preset x optimizer on each backend. `param_dtype`: FSDP2's `parallel.param_dtype`;
+    fsdp_vs_none passes fp32, so that its FSDP2 rows differ from the `none` rows (fp32 params under
+    bf16 autocast) in the layout only."""
+    specs = [RowSpec(p, o, b, param_dtype) for b in backends for p in presets for o in optims]
+    run_rows(args, plan, specs)
+
+
+def run_rows(args: argparse.Namespace, plan: DevicePlan, specs: list[RowSpec], fresh_graphs: bool = False) -> None:
+    """Measure `specs` in order, each row on its own (a row that raises is kept as its error line);
+    an OOM is retried once at half the micro-batch, which the preset's later rows keep. Backends in
+    the order given: `none` needs no process group, the others make one (of 1). `fresh_graphs`:
+    Dynamo forgets the previous row's graphs (an A/B row that changes a traced choice, such as the
+    attention kernel, must not reuse them)."""
     import gc
 
     import torch
@@ -170,47 +211,65 @@ def throughput(
 
     micro: dict[str, int] = {}  # a micro-batch halved after an OOM stays halved: later rows stay comparable
     failed: list[str] = []
-    for backend in backends:  # `none` first: it needs no process group; `fsdp` makes one (of 1)
-        env = init_distributed(backend, args.device)
-        for preset in presets:
-            for optim in optims:
-                notes, mb = [], micro.setdefault(preset, plan.presets[preset][1])
-                while True:
-                    row = None
-                    try:
-                        row = measure(args, plan, preset, optim, env, mb, param_dtype)
-                    except torch.cuda.OutOfMemoryError:
-                        if mb == 1:
-                            raise
-                    except Exception as err:  # this row's error line; the phase's other rows still run
-                        line = _describe(err)
-                        row = {"preset": preset, "optim": optim, "backend": backend, "micro_batch": mb, "error": line}
-                        notes.append(line)
-                        failed.append(f"{preset}/{optim}/{backend}: {line}")
-                    gc.collect()  # the model and optimizers (compiled forwards hold reference cycles)
-                    if env.device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    if row is not None:
-                        break
-                    notes.append(f"OOM at micro-batch {mb}, retried at {mb // 2}")
-                    mb = micro[preset] = mb // 2
-                emit(args.rows, {**row, "notes": "; ".join(notes)})
+    envs: dict[str, Any] = {}
+    for spec in specs:
+        if spec.backend not in envs:
+            envs[spec.backend] = init_distributed(spec.backend, args.device)
+        env, preset = envs[spec.backend], spec.preset
+        if fresh_graphs:
+            torch._dynamo.reset()
+        notes, mb = [], micro.setdefault(preset, plan.presets[preset][1])
+        while True:
+            row = None
+            try:
+                row = measure(
+                    args, plan, preset, spec.optim, env, mb, spec.param_dtype, spec.overrides, spec.eager_head
+                )
+            except torch.cuda.OutOfMemoryError:
+                if mb == 1:
+                    raise
+            except Exception as err:  # this row's error line; the phase's other rows still run
+                line = _describe(err)
+                row = {"preset": preset, "optim": spec.optim, "backend": spec.backend, "micro_batch": mb, "error": line}
+                notes.append(line)
+                failed.append(
+                    f"{preset}/{spec.optim}/{spec.backend}{'/' + spec.variant if spec.variant else ''}: {line}"
+                )
+            gc.collect()  # the model and optimizers (compiled forwards hold reference cycles)
+            if env.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if row is not None:
+                break
+            notes.append(f"OOM at micro-batch {mb}, retried at {mb // 2}")
+            mb = micro[preset] = mb // 2
+        emit(args.rows, {**row, "variant": spec.variant, "notes": "; ".join(notes)})
     shutdown()
     if failed:
         raise SystemExit(f"error: {len(failed)} row(s) failed; first: {failed[0]}")
 
 
 def measure(
-    args: argparse.Namespace, plan: DevicePlan, preset: str, optim: str, env: Any, micro: int, param_dtype: str
+    args: argparse.Namespace,
+    plan: DevicePlan,
+    preset: str,
+    optim: str,
+    env: Any,
+    micro: int,
+    param_dtype: str,
+    overrides: tuple[str, ...] = (),
+    eager_head: bool = False,
 ) -> dict[str, Any]:
     """Model and optimizers built fresh, synthetic tokens, `plan.warmup` steps, then `plan.steps`
     timed: wall clock for throughput, and per step CUDA events (read once, after the last
-    synchronize; perf_counter on CPU) around forward+backward, gradient clipping, optimizer step."""
+    synchronize; perf_counter on CPU) around forward+backward, gradient clipping, optimizer step
+    (a ZeRO engine's clip runs inside its step: clip_ms 0). `overrides`: config overrides of an A/B
+    row; `eager_head`: the head and loss left eager under compiled blocks (the loss as it ran before)."""
     import torch
     from torch._dynamo.utils import counters
 
     from launch.config import load_config
     from launch.engine.parallelize import fsdp_mixed_precision
+    from launch.engine.registry import engine_class
     from launch.engine.torch_engine import TorchEngine
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import compute_dtype
@@ -218,19 +277,23 @@ def measure(
     from orscale.schedule import set_lr
 
     seq, _, extra = plan.presets[preset]
-    overrides = f"model.preset={preset} model.max_seq_len={seq} data.seq_len={seq} data.val_tokens={seq} "
-    overrides += f"data.logical_shards=1 optim.name={optim} parallel.backend={env.backend} "
-    overrides += f"parallel.compile={args.compile} train.device={args.device} train.micro_batch_size={micro} "
-    overrides += f"parallel.param_dtype={param_dtype if env.backend == 'fsdp' else 'auto'} "
-    cfg = load_config(None, [*overrides.split(), f"train.tokens_per_step={micro * seq}", *extra])
+    settings = f"model.preset={preset} model.max_seq_len={seq} data.seq_len={seq} data.val_tokens={seq} "
+    settings += f"data.logical_shards=1 optim.name={optim} parallel.backend={env.backend} "
+    settings += f"parallel.compile={args.compile} train.device={args.device} train.micro_batch_size={micro} "
+    settings += f"parallel.param_dtype={param_dtype if env.backend == 'fsdp' else 'auto'} "
+    cfg = load_config(None, [*settings.split(), f"train.tokens_per_step={micro * seq}", *extra, *overrides])
     cuda = env.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(env.device)
     resident = torch.cuda.memory_allocated(env.device) / 2**30 if cuda else None  # a leak of the last build shows
     graphs0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine = TorchEngine(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, accum_steps=1)
-    set_lr(engine.optimizers, cfg.optim.lr)
+    engine = engine_class(env.backend)(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
+    if eager_head and "head_loss" in engine.model.__dict__:  # the compiled method parallelize set
+        del engine.model.__dict__["head_loss"]  # back to GPT.head_loss, eager
+    torch_engine = isinstance(engine, TorchEngine)
+    if torch_engine:
+        set_lr(engine.optimizers, cfg.optim.lr)
     build_s = time.perf_counter() - t0
     gen = torch.Generator(device=env.device).manual_seed(0)
     batch = torch.randint(0, 50257, (micro, seq + 1), device=env.device, generator=gen)
@@ -250,13 +313,16 @@ def measure(
         m = [mark()]
         loss = engine.forward_backward(batch, last_micro_batch=True)
         m.append(mark())
-        # TorchEngine.step's body, split for the clock (no spike guard or centring in these runs).
-        norm = torch.nn.utils.clip_grad_norm_(engine.model.parameters(), engine.max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        m.append(mark())
-        for opt in engine.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        if torch_engine:  # TorchEngine.step's body, split for the clock (no spike guard or centring here)
+            norm = torch.nn.utils.clip_grad_norm_(engine.model.parameters(), engine.max_norm)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            m.append(mark())
+            for opt in engine.optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        else:  # DeepSpeed clips inside its step
+            m.append(mark())
+            engine.step(cfg.optim.lr)
         m.append(mark())
         stamps += [m] if i >= plan.warmup else []
     _sync(env.device)
@@ -270,7 +336,17 @@ def measure(
     peak = peak_tflops(env.device)  # dense bf16 TFLOP/s of the device by name (None: unknown, or a CPU)
     mfu = lambda f: f * plan.steps / wall / (peak * 1e12) if peak else None
     peak_mem = torch.cuda.max_memory_allocated(env.device) / 2**30 if cuda else None
-    what = {"preset": preset, "optim": optim, "backend": env.backend, "compile": args.compile, "dtype": str(dtype)}
+    what = {
+        "preset": preset,
+        "optim": optim,
+        "backend": env.backend,
+        "compile": cfg.parallel.compile,
+        "dtype": str(dtype),
+    }
+    what |= {
+        "attention": cfg.train.attention,
+        "head_loss": "eager" if eager_head or cfg.parallel.compile == "none" else "compiled",
+    }
     bf16 = env.backend == "fsdp" and fsdp_mixed_precision(cfg.parallel.param_dtype, dtype, env.device).param_dtype
     what["param_dtype"] = "bf16" if bf16 else "fp32"
     size = {"context": seq, "micro_batch": micro, "steps": plan.steps, "tokens_per_s": micro * seq * plan.steps / wall}

@@ -27,6 +27,7 @@ from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
+from launch.runtime.attention import ATTENTION_BACKENDS, resolve_attention
 from models.presets import ModelConfig
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
@@ -34,7 +35,7 @@ from orscale.optim_config import OptimConfig
 BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
 DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-COMPILE: tuple[str, ...] = ("none", "blocks", "model")
+COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
 PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 ON_SAVE_ERROR: tuple[str, ...] = ("stop", "continue")
 
@@ -118,6 +119,9 @@ class TrainConfig:
     # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
     # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
     tf32: bool = True
+    # F.scaled_dot_product_attention's kernel: auto (per board, as the device check measured it;
+    # launch/engine/attention.py) | default (torch's order) | flash | cudnn | efficient | math
+    attention: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
@@ -144,6 +148,10 @@ class TrainConfig:
         _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
         _require(
+            self.attention in ATTENTION_BACKENDS,
+            f"train.attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}",
+        )
+        _require(
             self.on_save_error in ON_SAVE_ERROR,
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
         )
@@ -157,7 +165,8 @@ class ParallelConfig:
     backend: str = "auto"
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
-    compile: str | bool = "none"  # none | blocks (torch.compile each block) | model (whole model, head and loss)
+    # auto (blocks on CUDA, none on CPU) | none | blocks (each block, and the head with its loss) | model (whole)
+    compile: str | bool = "auto"
     # FSDP2: free each block's gathered params after its forward (true), keep them for backward
     # (false: faster, more memory), or auto (false on one node, true across nodes).
     reshard_after_forward: str | bool = "auto"
@@ -343,7 +352,40 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     tree = deep_merge(tree, parse_overrides(list(overrides)))
     cfg = _build(Config, tree, "")
     validate(cfg)
+    resolve_device_defaults(cfg)
     return cfg
+
+
+def _cuda_device_name() -> str | None:
+    import torch
+
+    try:
+        return torch.cuda.get_device_name()
+    except (AssertionError, RuntimeError):  # no CUDA device after all: train.device=cuda is refused later
+        return None
+
+
+def resolve_device_defaults(cfg: Config, cuda: bool | None = None) -> None:
+    """The `auto` settings that depend on the device, resolved in place, so that config.yaml and
+    run.log record what runs (docs/gpu.md, "One GPU"). `cuda`: whether the run trains on CUDA
+    (default: train.device, or for auto whether a CUDA device is visible). On CUDA,
+    `parallel.compile` is blocks (compiled blocks, head and loss: the fastest measured) and AdamW
+    fused (foreach on FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach.
+    `train.attention` auto becomes the backend measured fastest on this board, else torch's order.
+    `parallel.backend` auto was resolved by ParallelConfig: none for one process (FSDP2 on one GPU
+    measured 0.967 of its tokens/s), fsdp when launched on several."""
+    from orscale.factories import adamw_auto
+
+    if cuda is None:
+        import torch
+
+        cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    if cfg.parallel.compile == "auto":
+        cfg.parallel.compile = "blocks" if cuda else "none"
+    if cfg.optim.fused == "auto":
+        cfg.optim.fused = adamw_auto(cuda, dtensor_params=cfg.parallel.backend == "fsdp")
+    if cfg.train.attention == "auto":
+        cfg.train.attention = resolve_attention("auto", _cuda_device_name() if cuda else None)
 
 
 def validate(cfg: Config) -> None:

@@ -207,11 +207,18 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         for block in self.blocks:
             x = block(x, cos, sin)
-        h = self.final_norm(x)
         if targets is None:
-            return F.linear(h, self.tok_emb.weight)  # tied LM head
+            return F.linear(self.final_norm(x), self.tok_emb.weight)  # tied LM head
         if per_token:
+            h = self.final_norm(x)
             return chunked_token_losses(h.flatten(0, 1), self.tok_emb.weight, targets.reshape(-1)).view_as(targets)
+        return self.head_loss(x, targets)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of the last block's output x [B, T, d] against `targets` [B, T]:
+        final norm, tied head and the fused chunked loss. A method of its own so that it can be
+        compiled when only the blocks are (`parallel.compile=blocks`, docs/gpu.md)."""
+        h = self.final_norm(x)
         return fused_linear_cross_entropy(h.flatten(0, 1), self.tok_emb.weight, targets.reshape(-1))
 
     @torch.no_grad()

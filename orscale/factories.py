@@ -47,12 +47,21 @@ def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
 FUSED_DTENSOR_LEAK = ((2, 10), (2, 11))
 
 
+def _leaking_torch(version: str) -> bool:
+    return tuple(int(x) for x in version.split("+")[0].split(".")[:2]) in FUSED_DTENSOR_LEAK
+
+
 def fused_leaks(params: list[Any], version: str = torch.__version__) -> bool:
     """Whether fused AdamW on `params` would leak under torch `version` (DTensor parameters only)."""
     from torch.distributed.tensor import DTensor
 
-    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
-    return major_minor in FUSED_DTENSOR_LEAK and any(isinstance(p, DTensor) for p in params)
+    return _leaking_torch(version) and any(isinstance(p, DTensor) for p in params)
+
+
+def adamw_auto(on_cuda: bool, dtensor_params: bool, version: str = torch.__version__) -> str:
+    """`optim.fused=auto` resolved: fused on CUDA, except on DTensor (FSDP2) parameters under a torch
+    that leaks there (FUSED_DTENSOR_LEAK); foreach elsewhere."""
+    return "fused" if on_cuda and not (dtensor_params and _leaking_torch(version)) else "foreach"
 
 
 def adamw_implementation(
@@ -66,7 +75,7 @@ def adamw_implementation(
     # Routed groups hold (name, param) pairs; plain groups hold params.
     params = [item[1] if isinstance(item, tuple) else item for g in groups for item in g["params"]]
     leaks = fused_leaks(params, version)
-    if setting == "auto":
+    if setting == "auto":  # adamw_auto's rule, on the parameters themselves
         setting = "fused" if params and all(p.device.type == "cuda" for p in params) and not leaks else "foreach"
     elif setting == "fused" and leaks:
         logging.getLogger("orscale").warning(
@@ -92,6 +101,8 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
         r_max=cfg.r_max,
         eps=cfg.trust_eps,
         track_diagnostics=cfg.diagnostics,
+        compile_passes=cfg.compile_passes,
+        ns_kernel=cfg.ns_kernel,
     )
 
 

@@ -15,6 +15,10 @@ matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchange
 runs on the tensors ``_local`` returns (the tensor itself here; a DTensor's local shard in
 ``orscale.distributed``), so the same code serves whole matrices and row shards.
 
+Everything but the matmuls runs as four passes over memory (``orscale.muon_passes``: momentum,
+normalisation, norms, update), fused into kernels on CUDA; the state stays one fp32 momentum
+buffer per parameter.
+
 The step never syncs with the host: trust ratios, calibration and diagnostics stay on the device
 and branch with ``torch.where``; only Python floats (lr, weight decay, choices) steer control flow.
 State is created eagerly in ``__init__`` (momentum zeros; ``c`` = 0 meaning "not calibrated"; the
@@ -34,8 +38,9 @@ from torch import Tensor
 
 from orscale.calibration import calibrate, ratio_terms, trust_ratio
 from orscale.diagnostics import CLIP_COUNTS, CUM_FIELDS, DiagnosticsMixin
-from orscale.newton_schulz import newton_schulz_many, ns_schedule, resolve_ns_dtype
-from orscale.optim_common import ParamsT, TensorList, call_closure, copy_state, grad_of, sums_of_squares
+from orscale.muon_passes import apply_pass, momentum_pass, update_norms_pass
+from orscale.newton_schulz import NS_KERNELS, newton_schulz_many, ns_schedule, resolve_ns_dtype
+from orscale.optim_common import ParamsT, TensorList, call_closure, copy_state, grad_of
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
 # Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
@@ -55,6 +60,7 @@ class GroupWork:
     index: Tensor | None  # their positions in the group (device tensor); None: all of them
     variant: Variant  # the group's choices (built once per group, not per step)
     s: list[float]  # their shape factors, host floats (what the foreach ops take)
+    norms: Tensor | None = None  # [n, 2] ‖M̂‖, ‖G‖ of the local tensors (the momentum pass's)
 
 
 def matrix_shape(p: Tensor) -> tuple[int, int]:
@@ -82,9 +88,11 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     diagnostics by matrix class and in error messages. ``lr`` in each group must stay a Python
     float (the trainer sets ``group["lr"]`` every step). ``track_diagnostics=False`` skips the
     norms only diagnostics need (``diagnostics()`` then returns {}). ``ns_dtype`` ``auto``: bf16 on
-    CUDA, fp32 elsewhere (the config's default too). Copies (``copy.deepcopy``, pickle,
-    ``torch.save(opt)``) step exactly as the original would. A whole model's optimizer (embeddings,
-    norms and biases on AdamW): ``orscale.OrScaleLM``.
+    CUDA, fp32 elsewhere (the config's default too). ``compile_passes``: the elementwise passes
+    (``orscale.muon_passes``) compiled into fused kernels, or eager (None: compiled where the
+    parameters are on CUDA). ``ns_kernel``: ``orscale.newton_schulz.NS_KERNELS``. Copies
+    (``copy.deepcopy``, pickle, ``torch.save(opt)``) step exactly as the original would. A whole
+    model's optimizer (embeddings, norms and biases on AdamW): ``orscale.OrScaleLM``.
     """
 
     def __init__(
@@ -107,6 +115,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         decay: str | None = None,
         calibration: str | None = None,
         track_diagnostics: bool = True,
+        compile_passes: bool | None = None,
+        ns_kernel: str = "auto",
     ) -> None:
         base = get_variant(variant) if isinstance(variant, str) else variant
         v = base.replace(shape=shape, denominator=denominator, decay=decay, calibration=calibration)
@@ -124,6 +134,12 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         self.variant_name = variant if isinstance(variant, str) else "custom"
         # Off: compute only the norms the variant needs (no ⟨W,Q⟩, no per-step diag tensors).
         self.track_diagnostics = track_diagnostics
+        # The elementwise passes around Newton–Schulz (orscale.muon_passes) compiled into fused
+        # kernels (None: where the parameters are on CUDA) or run eager, op by op.
+        self.compile_passes = compile_passes
+        if ns_kernel not in NS_KERNELS:
+            raise ValueError(f"ns_kernel must be one of {', '.join(NS_KERNELS)}, got {ns_kernel!r}")
+        self.ns_kernel = ns_kernel  # newton_schulz.NS_KERNELS: who computes NS's symmetric products
         # Per group, host-built once: shape factors and 1/√numel as device vectors, so the step
         # needs no host→device copies.
         self._consts: list[dict[str, Any]] = []
@@ -306,24 +322,36 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             work.append(GroupWork(gi, group, ps, [names[i] for i in pos], index, consts["variant"], s_host))
         return work
 
+    def _compiled(self, w: GroupWork) -> bool:
+        return self.compile_passes if self.compile_passes is not None else w.params[0].device.type == "cuda"
+
     def momentum_update(self, w: GroupWork) -> TensorList:
-        """(a) M ← μM + G in place; returns M̂ = μM + G (Nesterov) or M itself, fp32."""
-        mu = w.group["momentum"]
-        bufs, grads = self._local_momenta(w), self._local_grads(w)
-        torch._foreach_mul_(bufs, mu)
-        torch._foreach_add_(bufs, grads)
-        if not w.group["nesterov"]:
-            return bufs
-        m_hat = torch._foreach_mul(bufs, mu)
-        torch._foreach_add_(m_hat, grads)
-        return m_hat
+        """(a) M ← μM + G in place; returns M̂ = μM + G (Nesterov) or M itself, fp32. One pass
+        (orscale.muon_passes), which also leaves ‖M̂‖ and ‖G‖ of the local tensors in `w.norms`."""
+        g = w.group
+        bufs = self._local_momenta(w)
+        lazy = w.variant.calibration == "lazy" and g["lr"] > 0  # needs ‖G‖: the "has a gradient" test
+        m_hats, w.norms = momentum_pass(
+            bufs, self._local_grads(w), g["momentum"], g["nesterov"], True, lazy, self._compiled(w)
+        )
+        return m_hats if g["nesterov"] else bufs
 
     def orthogonalize(self, w: GroupWork, m_hats: TensorList) -> list[Tensor]:
-        """(b) Q = NS(M̂), batched by shape; returned in fp32 (the update is applied in fp32)."""
+        """(b) Q = NS(M̂), batched by shape, in the NS dtype (the update reads it as it is). X₀ is
+        normalised with the momentum pass's ‖M̂‖ in one pass per bucket."""
         g = w.group
-        qs = newton_schulz_many(m_hats, g["ns_steps"], g["ns_coefficients"], g["ns_dtype"])
+        norms = w.norms[:, 0] if w.norms is not None else None
+        qs = newton_schulz_many(
+            m_hats,
+            g["ns_steps"],
+            g["ns_coefficients"],
+            g["ns_dtype"],
+            norms=norms,
+            compiled=self._compiled(w),
+            kernel=self.ns_kernel,
+        )
         self.ns_calls += len(qs)
-        return [q.float() for q in qs]
+        return qs
 
     def local_sums_of_squares(
         self, work: list[GroupWork], m_hats: list[TensorList], qs: list[list[Tensor]]
@@ -331,42 +359,33 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         """Every norm the step needs, for every matrix, as one [N, N_COLS] fp32 tensor.
 
         Columns: ‖W‖², ‖G‖², ‖M̂‖², ‖Q‖², ‖λW+sQ‖², ⟨W,Q⟩ — each only where the variant (or a
-        diagnostic) needs it, zeros otherwise. Also returns each matrix's update direction: for
-        coupled decay D = λW + sQ, formed in place in Q's storage (Q is not needed afterwards);
-        for decoupled decay Q itself.
+        diagnostic) needs it, zeros otherwise: ‖G‖ and ‖M̂‖ from the momentum pass, the others in
+        one pass over W and Q (orscale.muon_passes). Also returns what the update reads: Q as
+        orthogonalize returned it (the update pass forms D = λW + sQ from it where it is used).
         """
         blocks, directions = [], []
-        for w, mh, q in zip(work, m_hats, qs, strict=True):
+        for w, q in zip(work, qs, strict=True):  # M̂ is not read again: its norms came with it
             g, v = w.group, w.variant
-            wd = g["weight_decay"]
             ws = [p if p.dtype == torch.float32 else p.float() for p in self._local_params(w)]
-            s = w.s
             diag = self.track_diagnostics
+            coupled = v.decay == "coupled"
+            want = [
+                diag or v.denominator != "none",  # ‖W‖²
+                diag or v.denominator == "q",  # ‖Q‖²
+                (coupled and diag) or v.denominator == "update",  # ‖λW + sQ‖²
+                not coupled and diag,  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
+            ]
+            four = update_norms_pass(ws, list(q), w.s, g["weight_decay"], want, self._compiled(w))
             zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
             cols = [zeros] * N_COLS
-            if diag or v.denominator != "none":
-                cols[COL_W] = sums_of_squares(ws)
-            if diag or v.denominator == "q":
-                cols[COL_Q] = sums_of_squares(q)
+            cols[COL_W], cols[COL_Q], cols[COL_D], cols[COL_WQ] = four.unbind(1)
+            norms = w.norms if w.norms is not None else torch.stack([zeros, zeros], dim=1)
             if v.calibration == "lazy" and g["lr"] > 0:
-                cols[COL_G] = sums_of_squares(self._local_grads(w))  # "has a gradient" test
+                cols[COL_G] = norms[:, 1].square()  # "has a gradient" test
             if v.denominator in ("momentum", "rms_ratio"):
-                cols[COL_MHAT] = sums_of_squares(mh)
-            if v.decay == "coupled":
-                torch._foreach_mul_(q, s)
-                if wd != 0:
-                    torch._foreach_add_(q, ws, alpha=wd)
-                if diag or v.denominator == "update":
-                    cols[COL_D] = sums_of_squares(q)
-            else:
-                if v.denominator == "update":
-                    d = torch._foreach_mul(q, s)
-                    torch._foreach_add_(d, ws, alpha=wd)
-                    cols[COL_D] = sums_of_squares(d)
-                if diag:  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
-                    cols[COL_WQ] = torch.stack([(a * b).sum() for a, b in zip(ws, q, strict=True)])
+                cols[COL_MHAT] = norms[:, 0].square()
             blocks.append(torch.stack(cols, dim=1))
-            directions.append(q)
+            directions.append(list(q))
         return torch.cat(blocks), directions
 
     def reduce_sums_of_squares(self, sums: Tensor) -> Tensor:
@@ -396,14 +415,12 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             r_raw, r = trust_ratio(num, den, c_eff, eps, r_min, r_max)
 
             if lr > 0:  # lr is a host float: an lr = 0 step leaves the weights untouched
-                if v.decay == "coupled":
-                    coef = -lr * r  # W += coef·D,  D = λW + sQ
-                else:
-                    if wd != 0:
-                        torch._foreach_mul_(params, 1.0 - lr * wd)
-                    coef = -lr * r * s  # W += coef·Q
-                for p, direction, k in zip(params, dirs, coef.unbind(0), strict=True):
-                    p.addcmul_(direction, k)  # k is a 0-d device tensor: no host sync
+                coupled = v.decay == "coupled"
+                # coupled: W += coef·D, D = λW + sQ;  decoupled: W ← (1 − ηλ)·W, then W += coef·Q.
+                # coef stays on the device (no host sync); one pass over W and Q.
+                coef = -lr * r if coupled else -lr * r * s
+                keep = 1.0 if coupled or wd == 0 else 1.0 - lr * wd
+                apply_pass(params, dirs, coef, w.s, wd, keep, coupled, self._compiled(w))
 
             if self.track_diagnostics:
                 self._record(w, v, sq, r_raw, r, c_diag, s)

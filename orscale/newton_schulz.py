@@ -35,6 +35,9 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 JORDAN_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 
 NS_COEFFICIENT_SETS: tuple[str, ...] = ("polar_express", "jordan")
+# Who computes X Xᵀ and b·A + c·A²: auto (orscale.ns_kernels' symmetric Triton kernels for bf16 on
+# CUDA when they pass their check, else torch), torch (cuBLAS's full products: the reference).
+NS_KERNELS: tuple[str, ...] = ("auto", "torch")
 _NS_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 DTypeLike = str | torch.dtype
@@ -96,14 +99,28 @@ def newton_schulz(
     return X if M.ndim == 3 else X.squeeze(0)
 
 
+def normalisation(coefficients: str) -> tuple[float, float]:
+    """(scale, ε) of X₀ = M / (scale·‖M‖_F + ε) for a coefficient set (see the module docstring)."""
+    return (1.02, 1e-6) if coefficients == "polar_express" else (1.0, 1e-7)
+
+
 def _normalise(X: Tensor, coefficients: str, work_dtype: torch.dtype) -> Tensor:
     """X₀ = X / (scale·‖X‖_F + ε) per matrix of the batch X, cast to the work dtype (X's strides kept)."""
     norm = torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True)
-    if coefficients == "polar_express":
-        X = X.float() / (1.02 * norm + 1e-6)
-    else:
-        X = X.float() / (norm + 1e-7)
+    scale, eps = normalisation(coefficients)
+    X = X.float() / (scale * norm + eps)
     return X.to(work_dtype)
+
+
+def shape_buckets(matrices: Sequence[Tensor]) -> dict[tuple, list[int]]:
+    """Positions of the 2-D `matrices` that iterate on the same shape: keyed by (min(m,n), max(m,n),
+    dtype, device), so an [m, n] and an [n, m] matrix share a bucket (the tall one transposed)."""
+    buckets: dict[tuple, list[int]] = defaultdict(list)
+    for i, m in enumerate(matrices):
+        if m.ndim != 2:
+            raise ValueError(f"Newton–Schulz expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
+        buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
+    return buckets
 
 
 def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
@@ -115,6 +132,15 @@ def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
     return X
 
 
+def _iterate_with(X: Tensor, schedule: list[tuple[float, float, float]], kernel: str) -> Tensor:
+    if kernel == "auto":
+        from orscale import ns_kernels
+
+        if ns_kernels.usable(X):
+            return ns_kernels.iterate_symmetric(X, schedule)
+    return _iterate(X, schedule)
+
+
 # Its own span in a profiler trace (train.profile); without a profiler running, a few µs per call,
 # one call per shape bucket and step (bench/bench_record_function.py).
 @record_function("newton_schulz")
@@ -123,6 +149,10 @@ def newton_schulz_many(
     steps: int = 5,
     coefficients: str = "polar_express",
     dtype: DTypeLike = "bf16",
+    *,
+    norms: Tensor | None = None,
+    compiled: bool = False,
+    kernel: str = "torch",
 ) -> list[Tensor]:
     """Orthogonalise a list of 2-D matrices, batching those that iterate on the same shape.
 
@@ -134,30 +164,44 @@ def newton_schulz_many(
     and single GEMMs round alike, as on the CPU this was tested on), comes back in input order
     and in its input's shape, as a view into its bucket's output (transposed for tall inputs,
     as `newton_schulz` returns them; no copies).
+
+    `norms` [len(matrices)]: each matrix's ‖M‖_F when the caller has it already (the Muon family's
+    momentum pass computes it): X₀ is then formed in ONE pass per bucket (read M, write X₀ in the
+    work dtype: `orscale.muon_passes.normalise_pass`, compiled on request) instead of stacking,
+    norming and casting; equal to the above within the norm's summation order. `kernel`
+    (NS_KERNELS): "auto" runs each bucket's two symmetric products in `orscale.ns_kernels` where
+    they apply (half their FLOPs; equal within bf16 rounding).
     """
+    from orscale.muon_passes import normalise_pass
+
+    if kernel not in NS_KERNELS:
+        raise ValueError(f"Newton–Schulz kernel must be one of {', '.join(NS_KERNELS)}, got {kernel!r}")
     schedule = ns_schedule(coefficients, steps)
     work_dtype = resolve_ns_dtype(dtype)
-    buckets: dict[tuple, list[int]] = defaultdict(list)
-    for i, m in enumerate(matrices):
-        if m.ndim != 2:
-            raise ValueError(f"newton_schulz_many expects 2-D matrices, got shape {tuple(m.shape)} at index {i}")
-        buckets[(min(m.shape), max(m.shape), m.dtype, m.device)].append(i)
+    scale, eps = normalisation(coefficients)
     out: dict[int, Tensor] = {}
-    for (rows, cols, _, device), idx in buckets.items():
-        if len(idx) == 1:
+    for (rows, cols, _, device), idx in shape_buckets(matrices).items():
+        if norms is not None:
+            mats = [matrices[i] for i in idx]
+            tall = [m.size(0) > m.size(1) for m in mats]
+            X = normalise_pass(mats, torch.stack([norms[i] for i in idx]), tall, scale, eps, work_dtype, compiled)
+            order = idx
+        elif len(idx) == 1:
             out[idx[0]] = newton_schulz(matrices[idx[0]], steps, coefficients, dtype)
             continue
-        tall = [i for i in idx if matrices[i].size(0) > matrices[i].size(1)]
-        wide = [i for i in idx if matrices[i].size(0) <= matrices[i].size(1)]
-        # Each orientation is normalised as stored, then transposed into the shared buffer: the
-        # norm's summation order follows the memory layout, and this order is the one a
-        # single `newton_schulz` call uses, so every result stays bit-equal to it.
-        X = torch.empty(len(idx), rows, cols, dtype=work_dtype, device=device)
-        if wide:
-            X[: len(wide)] = _normalise(torch.stack([matrices[i] for i in wide]), coefficients, work_dtype)
-        if tall:
-            X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall]).mT, coefficients, work_dtype)
-        Q = _iterate(X, schedule)
-        for i, q in zip(wide + tall, Q.unbind(0), strict=True):
+        else:
+            tall_ = [i for i in idx if matrices[i].size(0) > matrices[i].size(1)]
+            wide = [i for i in idx if matrices[i].size(0) <= matrices[i].size(1)]
+            # Each orientation is normalised as stored, then transposed into the shared buffer: the
+            # norm's summation order follows the memory layout, and this order is the one a
+            # single `newton_schulz` call uses, so every result stays bit-equal to it.
+            X = torch.empty(len(idx), rows, cols, dtype=work_dtype, device=device)
+            if wide:
+                X[: len(wide)] = _normalise(torch.stack([matrices[i] for i in wide]), coefficients, work_dtype)
+            if tall_:
+                X[len(wide) :] = _normalise(torch.stack([matrices[i] for i in tall_]).mT, coefficients, work_dtype)
+            order = wide + tall_
+        Q = _iterate_with(X, schedule, kernel)
+        for i, q in zip(order, Q.unbind(0), strict=True):
             out[i] = q.mT if matrices[i].size(0) > matrices[i].size(1) else q
     return [out[i] for i in range(len(matrices))]

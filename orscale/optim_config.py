@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orscale.newton_schulz import NS_COEFFICIENT_SETS
+from orscale.newton_schulz import NS_COEFFICIENT_SETS, NS_KERNELS
 from orscale.variants import VARIANTS
 
 SCHEDULES: tuple[str, ...] = ("cosine", "wsd")  # orscale.schedule
@@ -51,6 +51,12 @@ class OptimConfig:
     trust_eps: float = 1e-6
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
+    # Muon family: its elementwise passes around Newton–Schulz compiled into fused kernels (null: on
+    # CUDA) or run eager, op by op (orscale/muon_passes.py)
+    compile_passes: bool | None = None
+    # Newton–Schulz's X Xᵀ and b·A + c·A²: auto (symmetric Triton kernels for bf16 on CUDA, half their
+    # FLOPs; torch's where they do not apply) | torch (cuBLAS, the reference)
+    ns_kernel: str = "auto"
     warmup_steps: int = 1000
     min_lr_ratio: float = 0.0  # the schedule's floor as a fraction of the peak LR
     # cosine: warmup, then cosine to the floor at the last step. wsd: warmup, the peak, then a cooldown
@@ -97,6 +103,10 @@ class OptimConfig:
             (
                 self.ns_coefficients in NS_COEFFICIENT_SETS,
                 f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}",
+            ),
+            (
+                self.ns_kernel in NS_KERNELS,
+                f"optim.ns_kernel must be one of {', '.join(NS_KERNELS)}, got {self.ns_kernel!r}",
             ),
             (math.isfinite(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr}"),
             (

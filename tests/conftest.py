@@ -20,6 +20,9 @@ SP_MODEL = str(ROOT / "assets/tokenizers/mistral_v1/tokenizer.model")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton (the `kernels` extra), when installed, runs its kernels on the CPU: the interpreter must be
+# on before triton is first imported. Only tests call the kernels off CUDA (orscale/ns_kernels.py).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from torch.profiler import record_function
 from launch.checkpoint.portable import check_checkpoint_layout
 from launch.config import ParallelConfig, TrainConfig
 from launch.errors import ConfigError
+from launch.runtime.attention import attention_context
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 from models import GPT, GPTConfig
 from models.centered_linear import update_means
@@ -52,6 +53,7 @@ class Engine(ABC):
         accum_steps: int,
     ) -> None:
         self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
+        self.attention = train.attention  # the SDPA backend (launch/engine/attention.py)
         self._step_loss = torch.zeros((), device=env.device)  # this rank's loss of the current step
         self._build(model_cfg, parallel, optim, train)
 
@@ -76,9 +78,13 @@ class Engine(ABC):
         checkpoint_layout(path)
 
     def autocast(self) -> AbstractContextManager:
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.env.device.type, dtype=self.dtype)
+        """What forward runs under (training and evaluation): autocast to the compute dtype and the
+        SDPA backend `train.attention` chose."""
+        stack = contextlib.ExitStack()
+        if self.dtype != torch.float32:
+            stack.enter_context(torch.autocast(self.env.device.type, dtype=self.dtype))
+        stack.enter_context(attention_context(self.attention))
+        return stack
 
     def forward_backward(self, batch: Tensor, last_micro_batch: bool) -> Tensor:
         """Forward and backward of one micro-batch [B, T+1]; gradients are communicated only on the

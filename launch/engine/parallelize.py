@@ -1,5 +1,5 @@
 """Parallelism applied from outside the model (torchtitan's way), so the model code never knows: FSDP2 (or
-HSDP) or DDP, activation checkpointing and torch.compile (per block, or the whole model with its head and loss)."""
+HSDP) or DDP, activation checkpointing and torch.compile (per block plus the head and loss, or the whole model)."""
 
 from __future__ import annotations
 
@@ -71,9 +71,14 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
 
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if parallel.compile == "blocks":
+    compile_mode = parallel.compile
+    if compile_mode == "auto":  # a ParallelConfig built directly: load_config resolves it for runs
+        compile_mode = "blocks" if env.device.type == "cuda" else "none"
+    if compile_mode == "blocks":
         for block in model.blocks:
             _compile_forward(block, compile_backend)
+        # The head and the loss too: eager, its chunk loop is ~14 passes over each chunk of logits.
+        _compile_method(model, "head_loss", compile_backend)
     if parallel.backend == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -85,7 +90,7 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
             last = block is model.blocks[-1]
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    if parallel.compile == "model":
+    if compile_mode == "model":
         _compile_forward(model, compile_backend)
 
 
@@ -95,7 +100,12 @@ def _compile_forward(module: nn.Module, backend: str) -> None:
     compiled code is `Block.forward`'s (or `GPT.forward`'s) own, so its recompile limit is not
     shared with every other compiled module. dynamic=False: evaluation's batch shapes get graphs of
     their own instead of turning the training graph into a dynamic-shape one."""
-    module.forward = torch.compile(module.forward, backend=backend, dynamic=False)
+    _compile_method(module, "forward", backend)
+
+
+def _compile_method(module: nn.Module, name: str, backend: str) -> None:
+    """torch.compile the bound method `module.<name>` in place (see `_compile_forward`)."""
+    setattr(module, name, torch.compile(getattr(module, name), backend=backend, dynamic=False))
 
 
 def reshard_after_forward(setting: str | bool, shard_size: int | None = None) -> bool:

@@ -38,6 +38,7 @@ QUIET = (
     *(f"config.data.{k}" for k in ("encode_batch_docs", "val_batch_size", "prefetch_steps")),
     "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
     "config.parallel.compile",
+    "config.optim.fused",  # AdamW's kernel (equal within 1e-6); `auto` is now recorded resolved
     "config.parallel.reshard_after_forward",
 )
 # Still the same run (extend it), but a resume lists it among the changed settings: max_steps moves the

@@ -266,7 +266,9 @@ class OwnerMuonFamily(MuonFamily):
         self.ns_calls += len(mats)
         if not mats:
             return []
-        return newton_schulz_many(mats, group["ns_steps"], group["ns_coefficients"], group["ns_dtype"])
+        return newton_schulz_many(
+            mats, group["ns_steps"], group["ns_coefficients"], group["ns_dtype"], kernel=self.ns_kernel
+        )
 
     def orthogonalize(self, w: GroupWork, m_hats: TensorList) -> list[Tensor]:
         """(b), distributed: per bucket, ``_to_owners`` brings the matrices this rank orthogonalises,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import gpu_ab as ga
 from bench import gpu_check as gc
 from bench import gpu_phases as gp
 from tests.helpers import ROOT, env
@@ -173,6 +174,7 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     log.write_text("")
     out = tmp_path / "out"
     cmd = ["bash", str(ROOT / "bench/gpu_check.sh"), "--out", str(out), "--device", "cpu"]
+    cmd += ["--wheelhouse", str(tmp_path / "no-wheelhouse")]  # no DeepSpeed: its rows are not run
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md"]  # scratch is elsewhere
@@ -180,8 +182,14 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     scratch = Path(res["scratch"])
     assert scratch.is_dir() and out not in scratch.parents and (scratch / "run" / "checkpoints").is_dir()
     shutil.rmtree(scratch)
-    phases = {"preflight", "throughput tiny", "fsdp_vs_none", "prepare (background)", "realtext"}
-    assert set(res["phases"]) == phases and all(p["status"] == "ok" for p in res["phases"].values())
+    phases = {"preflight", "throughput tiny", "a/b tiny", "newton-schulz a/b", "fsdp_vs_none", "zero2"}
+    phases |= {"prepare (background)", "realtext"}
+    assert set(res["phases"]) == phases
+    assert res["phases"].pop("zero2")["status"] == "not run"  # and the check still passes
+    assert all(p["status"] == "ok" for p in res["phases"].values())
+    assert [r["variant"] for r in res["ab"]] == list(ga.CPU_AB) and all(r["tokens_per_s"] > 0 for r in res["ab"])
+    assert [(r["preset"], r["variant"]) for r in res["ns_ab"]] == [("tiny", v) for v in gp.CPU.ns_variants]
+    assert all(r["opt_ms"] > 0 and r["ns_tflop"] > 0 for r in res["ns_ab"])
     rows = res["throughput"]
     assert [r["optim"] for r in rows] == list(gp.OPTIMS)
     for r in rows + res["fsdp_vs_none"]:
@@ -196,7 +204,8 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     real = res["realtext"]
     assert real["steps"] == 4 and real["val loss"] > 0 and 0 < real["times the run sees the training text"] < 1
     md = (out / "gpu_check.md").read_text()
-    for heading in ("## Preflight", "## Throughput", "## OrScale-LM's step time", "## FSDP2", "## Real text"):
+    headings = ("## Preflight", "## Throughput", "## OrScale-LM's step time", "## FSDP2", "## Real text", "## A/B")
+    for heading in (*headings, "## Newton–Schulz A/B"):
         assert heading in md
     assert "| tiny | orscale_lm | fsdp |" in md
     assert log.read_text() == "", f"datasets/deepspeed were asked for:\n{log.read_text()}"
@@ -221,3 +230,52 @@ def test_a_failing_phase_is_recorded_and_the_check_still_writes_both_files(tmp_p
     )
     assert res["phases"]["prepare (background)"]["status"] == "ok"
     assert "| preflight | failed |" in (out / "gpu_check.md").read_text()
+
+
+def test_the_wheelhouse_unpacks_into_an_importable_tree(tmp_path, monkeypatch):
+    """A wheel is a zip of its import tree: unpacked onto the path, it imports without pip."""
+    import importlib
+    import importlib.metadata
+    import zipfile
+
+    house = tmp_path / "wheels"
+    house.mkdir()
+    with zipfile.ZipFile(house / "tinypkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("tinypkg/__init__.py", "VALUE = 7\n")
+        z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    assert ga.unpack_wheelhouse(house, tmp_path / "site") == ["tinypkg-1.0-py3-none-any.whl"]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "tinypkg", raising=False)
+    assert importlib.import_module("tinypkg").VALUE == 7 and importlib.metadata.version("tinypkg") == "1.0"
+
+
+def test_each_change_is_read_against_the_default_row():
+    base = {"preset": "125m", "optim": "adamw", "backend": "none", "variant": "", "tokens_per_s": 400_000.0}
+    res = {"throughput": [base, {**base, "optim": "orscale_lm", "tokens_per_s": 380_000.0}]}
+    res["ab"] = [{**base, "variant": "loss eager", "tokens_per_s": 300_000.0}]
+    res["ab"] += [{"preset": "125m", "optim": "adamw", "variant": "attention cudnn", "error": "error: RuntimeError: x"}]
+    res["zero2"] = [{**base, "optim": "orscale_lm", "backend": "zero2", "variant": "zero2", "tokens_per_s": 342_000.0}]
+    res["ns_ab"] = [
+        {"preset": "1.1b", "variant": "before", "opt_ms": 150.0, "ns_tflop": 61.6, "ns_tflops_per_s": 411.0},
+        {"preset": "1.1b", "variant": "after", "opt_ms": 100.0, "ns_tflop": 44.6, "ns_tflops_per_s": 446.0},
+    ]
+    md = "\n".join(ga.ab_markdown(res))
+    assert "| loss eager | adamw | 300,000 | 400,000 | 0.750 |" in md
+    assert "| zero2 | orscale_lm | 342,000 | 380,000 | 0.900 |" in md
+    assert "| attention cudnn | adamw | error: RuntimeError: x |" in md
+    assert "| 1.1b | after | 100.00 | 44.6 | 446 | 1.50 |" in md
+
+
+@pytest.mark.slow
+def test_the_zero2_rows_run_deepspeed_on_the_cpu(tmp_path):
+    """The zero2 worker with the DeepSpeed this venv has (on the GPU: unpacked from the wheelhouse):
+    a row per optimizer, the step timed whole (DeepSpeed clips inside it)."""
+    rows = tmp_path / "rows.jsonl"
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path), "--device", "cpu", "--worker", "zero2"]
+    proc = subprocess.run([*cmd, "--rows", str(rows)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [(r["backend"], r["optim"], r["variant"]) for r in got] == [
+        ("zero2", o, "zero2") for o in ("adamw", "orscale_lm")
+    ]
+    assert all(r["tokens_per_s"] > 0 and r["opt_ms"] > 0 and r["clip_ms"] < 0.05 * r["opt_ms"] for r in got)
