@@ -6,7 +6,7 @@ from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import Documents, TextDocuments, encode_documents, open_documents
 from data.loader import PackedLoader, build_val_set
-from data.stream import build_catalog, iter_documents, read_texts
+from data.sources import build_catalog, iter_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
