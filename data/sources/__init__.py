@@ -13,6 +13,7 @@ from data.notices import Notices
 from data.sources.base import Source
 from data.sources.hub import Hub
 from data.sources.local import LocalFiles
+from data.sources.text_files import TextFiles
 from data.sources.tokens import TokenShards
 from data.stream import Catalog, Piece, kept_texts
 
@@ -23,6 +24,7 @@ log = logging.getLogger("orscale.data")
 SOURCES: tuple[Source, ...] = (
     TokenShards(),
     LocalFiles(),
+    TextFiles(),
     Hub(),
 )
 _READERS = {kind: source for source in SOURCES for kind in source.kinds}
