@@ -164,12 +164,6 @@ class DiagnosticsMixin:
         rows = torch.cat([t for _, t in self._last_diag]).tolist()
         return {n: dict(zip(STEP_FIELDS, row, strict=True)) for n, row in zip(names, rows, strict=True)}
 
-    def reset_diagnostics(self) -> None:
-        """Zero the cumulative clip counters (e.g. after warmup)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p][CLIP_COUNTS].zero_()
-
 
 def collect_diagnostics(optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, float]:
     """Merge `diagnostics()` of every optimizer that has one ({} for e.g. AdamW)."""

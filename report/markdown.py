@@ -133,7 +133,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
     if not rep.downstream:
         return out + [
             "No downstream accuracies in the logs (no `eval/<task>/*` records at the final step, no "
-            "`downstream.json` or `downstream/step_<max_steps>.json` from `python -m launch.evaluate`).",
+            "`downstream.json` or `downstream/step_<max_steps>.json` from `python -m launch.evaluation`).",
             "",
         ]
     out += [
