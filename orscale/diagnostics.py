@@ -1,4 +1,5 @@
-"""Per-matrix optimizer diagnostics, grouped by matrix class (SPEC §3's logging list).
+"""Per-matrix optimizer diagnostics, grouped by matrix class (the list in docs/algorithm.md, "The
+trust-ratio design space").
 
 The optimizer keeps the numbers on the device every step; turning them into Python floats is
 the only host sync, done once (one transfer) and only when the trainer asks, on logging steps.

@@ -1,6 +1,5 @@
-"""The data sources, one file each, and the registry that names them: `data.source` picks the first
-source that claims it (docs/data.md). A new source is a `Source` subclass in its own file and one
-line of `SOURCES`."""
+"""The data sources, one file each, and the registry (`SOURCES`) that maps `data.source` to one of
+them (docs/data.md, "Data sources")."""
 
 from __future__ import annotations
 

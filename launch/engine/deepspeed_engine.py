@@ -4,7 +4,7 @@ family on whole matrices at an owner rank), so that it matches a single-process 
 
 Why fp32 parameters and reductions under bf16 autocast, and why checkpoints are safetensors by parameter name (any
 data-parallel size, either stage, nothing unpickled) rather than DeepSpeed's own: docs/choices.md, "ZeRO"; the
-forward's autocast: docs/gpu.md, issue 39 #1.
+forward's autocast: docs/gpu.md.
 """
 
 from __future__ import annotations
