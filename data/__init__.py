@@ -1,12 +1,11 @@
-"""The data path: the `data:` config section, tokenizers, the corpus addressed by piece (parquet
-row groups, JSON Lines byte blocks, or pre-tokenised shards), per-shard streams with exact elastic
-state, a loader that reads ahead, and the fixed validation set."""
+"""The data path: the `data:` config section, its sources, the corpus read by piece, and the loader
+that packs each rank's training windows and the fixed validation set (docs/data.md)."""
 
 from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import Documents, TextDocuments, encode_documents, open_documents
 from data.loader import PackedLoader, build_val_set
-from data.stream import build_catalog, iter_documents, read_texts
+from data.sources import build_catalog, iter_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [

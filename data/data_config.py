@@ -9,10 +9,11 @@ from data.data_errors import DataError
 
 @dataclass
 class DataConfig:
-    # "auto" (local data_files, format from each file's extension, or a data.prepare directory),
-    # "json" (JSON Lines) or "parquet" with data_files, "tokens" with data_files = [a
-    # `python -m data.prepare` output directory], or a hub dataset name (e.g.
-    # HuggingFaceFW/fineweb-edu: its parquet files). Relative paths resolve against the project root.
+    # Which source reads the corpus (data/sources/, docs/data.md): "auto" (local data_files, format
+    # from each file's extension, or a data.prepare directory), "json" (JSON Lines) or "parquet" with
+    # data_files, "tokens" with data_files = [a `python -m data.prepare` output directory], or a hub
+    # dataset as owner/name (e.g. HuggingFaceFW/fineweb-edu: its parquet files). Relative paths
+    # resolve against the working directory, then the project root.
     source: str = "auto"
     subset: str | None = None  # hub config name, e.g. sample-10BT
     revision: str | None = None  # hub branch, tag or commit (None: main); pin the commit a long run logs
@@ -39,6 +40,13 @@ class DataConfig:
     hub_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
+        self._check_fields()
+        # The registry reads files through modules that name this class: imported when it is checked.
+        from data.sources import source_of
+
+        source_of(self).check(self)
+
+    def _check_fields(self) -> None:
         checks = (
             (self.seq_len >= 2, f"data.seq_len must be >= 2, got {self.seq_len}"),
             (

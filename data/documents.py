@@ -1,6 +1,6 @@
-"""Documents as token arrays, piece by piece, from either kind of source:
+"""Documents as token arrays, piece by piece, from either kind of source (`data/sources/`):
 
-* `TextDocuments`: a text corpus (`data/stream.py`), tokenised as it is read;
+* `TextDocuments`: a text corpus (its source's pieces, `data/stream.py`), tokenised as it is read;
 * `TokenDocuments` (`data/token_shards.py`): shards written by `python -m data.prepare`, read
   through `numpy.memmap`.
 Both give the same pieces with the same rows, each row a token array ending in EOS or None for a
@@ -18,7 +18,8 @@ import numpy as np
 from data.data_config import DataConfig
 from data.data_errors import first_line
 from data.notices import Notices
-from data.stream import Catalog, build_catalog, read_texts, use_hub
+from data.sources import build_catalog, read_texts, source_of
+from data.stream import Catalog
 from data.tokenizer import TextTokenizer
 
 log = logging.getLogger("orscale.data")
@@ -55,7 +56,7 @@ class TextDocuments:
 
     def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Catalog | None = None) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
-        use_hub(cfg)  # also in a data.prepare worker, which is given its catalog
+        source_of(cfg).connect(cfg)  # also in a data.prepare worker, which is given its catalog
         self.catalog = catalog or build_catalog(cfg)
         self.pieces_opened = self.rows_read = 0  # instrumentation: read amplification (benchmarks, tests)
         self.notices = Notices(log)  # skipped rows: said once per run, then counted
@@ -81,17 +82,6 @@ class TextDocuments:
 
 
 def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
-    """The documents of `cfg.source`: pre-tokenised shards (`tokens`, or `auto` given a directory
-    that holds a token-shard manifest) or a text corpus."""
-    from data.paths import resolve_path
-
-    is_shard_dir = (
-        cfg.source == "auto"
-        and len(cfg.data_files) == 1
-        and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file()
-    )
-    if cfg.source == "tokens" or is_shard_dir:
-        from data.token_shards import TokenDocuments
-
-        return TokenDocuments.open(cfg, tokenizer)
-    return TextDocuments(cfg, tokenizer)
+    """The documents of `cfg.source` as its source opens them (data/sources/): pre-tokenised shards,
+    or a text corpus tokenised as it is read."""
+    return source_of(cfg).open(cfg, tokenizer)

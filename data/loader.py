@@ -31,7 +31,7 @@ from data.data_errors import DataError
 from data.documents import Documents
 from data.notices import Passes
 from data.shard_stream import ShardStream
-from data.stream import is_hub_source
+from data.sources import source_of
 
 log = logging.getLogger("orscale.data")
 
@@ -181,7 +181,7 @@ class PackedLoader:
 
     def take_read_retries(self) -> int:
         """Hub requests this process retried since the last call (`data/hub_http.py`; 0 off the Hub)."""
-        if not is_hub_source(self.cfg):
+        if not source_of(self.cfg).reads_hub:
             return 0
         from data.hub_http import retry_count
 

@@ -24,7 +24,9 @@ import yaml
 from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import TextDocuments
-from data.stream import Catalog, CorpusFile, build_catalog
+from data.sources import build_catalog, source_of
+from data.sources.tokens import holds_shards
+from data.stream import Catalog, CorpusFile
 from data.token_shards import SHARDS_FORMAT, SHARDS_MANIFEST, shard_names, token_dtype
 from data.tokenizer import load_tokenizer
 
@@ -81,9 +83,7 @@ def _done_entry(out: Path, k: int, corpus_file: CorpusFile) -> dict[str, Any] | 
 
 def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True) -> dict[str, Any]:
     """Write (or finish writing) the token shards of `cfg`'s corpus into `out`; returns the manifest."""
-    from data.paths import resolve_path
-
-    if cfg.source == "tokens" or (cfg.data_files and (resolve_path(cfg.data_files[0]) / "manifest.json").is_file()):
+    if not source_of(cfg).text or holds_shards(cfg):
         raise DataError("data.source=tokens is already tokenised; give the config of the text corpus")
     tokenizer = load_tokenizer(cfg.tokenizer)
     catalog = build_catalog(cfg)

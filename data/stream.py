@@ -1,16 +1,16 @@
-"""The document stream, addressed by piece: a file's row group (parquet) or byte block (JSON Lines).
+"""The reading layer of the data path: a corpus as files cut into *pieces*, each read on its own.
 
-A corpus is a list of files (local `data.data_files`, or a hub dataset's parquet files resolved by
-`datasets`); each file is cut into *pieces* that can be read on their own, with no index and no
-read of what comes before:
+A corpus is a list of files (which ones is its source's business: `data/sources/`); each file is cut
+into pieces that can be read with no index and no read of what comes before:
   * parquet: one piece per row group (from the file's footer);
-  * JSON Lines: one piece per `data.piece_bytes` bytes; a piece holds the lines that *start* in
-    its byte range (a line straddling the end belongs to the piece it starts in);
+  * JSON Lines (and any line-based text format): one piece per `data.piece_bytes` bytes; a piece
+    holds the rows that *start* in its byte range (a row straddling the end belongs to the piece
+    it starts in);
   * compressed JSON Lines (`.gz`, `.bz2`, `.xz`; `.zst` with the `zstandard` package): one piece
     per file, since a compressed stream cannot be entered in the middle (a resume inside it
     decompresses from the file's start; the data path's unit of parallelism is then the file).
 A document's address is (piece, row within the piece), so a reader opens exactly the pieces it
-needs and a resume seeks instead of re-reading (`read_texts(piece, start_row)`).
+needs and a resume seeks instead of re-reading (`data.sources.read_texts(piece, start_row)`).
 """
 
 from __future__ import annotations
@@ -20,28 +20,21 @@ import bz2
 import contextlib
 import gzip
 import json
-import logging
 import lzma
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from data.data_config import DataConfig
 from data.data_errors import DataError, first_line
 from data.notices import Notices
-from data.paths import resolve_path
 
 if TYPE_CHECKING:  # data.hub_http imports httpx2: only runs that read the Hub (or fail) import it
     from data.hub_http import HubReadError
 
-log = logging.getLogger("orscale.data")
 
-TEXT_FORMATS = ("json", "parquet")
-_EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
-_COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 PARQUET_BATCH_ROWS = 1024  # rows per pyarrow batch inside a row group (bounds memory on big groups)
 
 
@@ -49,9 +42,9 @@ PARQUET_BATCH_ROWS = 1024  # rows per pyarrow batch inside a row group (bounds m
 class Piece:
     index: int  # position in the corpus's published order
     path: str
-    kind: str  # "json" | "parquet"
+    kind: str  # how its rows are read: "parquet", "json", or another source's line-based kind
     unit: int  # row group, or byte block of `piece_bytes`
-    start: int  # byte range [start, end) for JSON Lines; 0 for parquet
+    start: int  # byte range [start, end) for line-based files; 0 for parquet
     end: int
 
 
@@ -61,56 +54,6 @@ class CorpusFile:
     kind: str
     units: int  # pieces in this file
     size: int  # bytes (JSON Lines)
-
-
-def _local_files(cfg: DataConfig) -> list[str]:
-    if not cfg.data_files:
-        raise DataError(f"data.source={cfg.source} needs data.data_files (a list of local files)")
-    files = []
-    for spec in cfg.data_files:
-        path = resolve_path(spec)
-        matches = sorted(path.parent.glob(path.name)) if any(ch in path.name for ch in "*?[") else [path]
-        if not matches:
-            raise DataError(f"data file pattern '{spec}' matched no files (check data.data_files)")
-        for match in matches:
-            if match.is_dir():
-                raise DataError(_directory_given(spec, match))
-            if not match.is_file():
-                raise DataError(f"data file '{spec}' not found (check data.data_files)")
-            files.append(str(match))
-    return files
-
-
-def _directory_given(spec: str, path: Path) -> str:
-    """The one line for a directory in `data.data_files` (files are named, a directory is not read):
-    what it holds, and the pattern that names its files when it holds any."""
-    kinds = sorted({s for f in path.iterdir() for s in _EXTENSIONS if f.is_file() and _data_name(f.name).endswith(s)})
-    if not kinds:
-        return (
-            f"data file '{spec}' is a directory with no data files in it ({', '.join(_EXTENSIONS)}, or "
-            f"those compressed: {', '.join(_COMPRESSED)}); check data.data_files"
-        )
-    return f"data file '{spec}' is a directory: name its files, e.g. data.data_files=['{spec.rstrip('/')}/*{kinds[0]}']"
-
-
-def _data_name(name: str) -> str:
-    """A file name without its compression suffix."""
-    packed = compression(name)
-    return name[: -len(packed)] if packed else name
-
-
-def is_hub_source(cfg: DataConfig) -> bool:
-    return cfg.source not in TEXT_FORMATS + ("auto", "tokens")
-
-
-def use_hub(cfg: DataConfig) -> None:
-    """Route this process's Hub requests through `cfg`'s retry policy and timeouts (idempotent)."""
-    if is_hub_source(cfg):
-        from data import hub_http
-
-        hub_http.install(
-            hub_http.RetryPolicy(cfg.hub_retries, cfg.hub_retry_wait_s, cfg.hub_retry_max_wait_s, cfg.hub_timeout_s)
-        )
 
 
 def hub_failure(err: BaseException) -> HubReadError | None:
@@ -126,37 +69,9 @@ def hub_failure(err: BaseException) -> HubReadError | None:
     return None
 
 
-def _hub_files(cfg: DataConfig) -> list[str]:
-    """The parquet files of a hub dataset's split, as `datasets` resolves them (hf:// URLs)."""
-    from datasets import load_dataset_builder
-
-    use_hub(cfg)
-    try:
-        builder = load_dataset_builder(cfg.source, name=cfg.subset, revision=cfg.revision)
-        files = [str(f) for f in builder.config.data_files[cfg.split]]
-    except Exception as err:
-        failed = hub_failure(err)
-        if failed is not None:
-            raise DataError(
-                f"dataset '{cfg.source}' (subset {cfg.subset}) could not be resolved: {failed}; the Hub is "
-                "down or rate-limiting: run the same command later (or raise data.hub_retries)"
-            ) from None
-        raise DataError(
-            f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
-            "offline, use data.source=json or parquet with data.data_files"
-        ) from None
-    if not files or not all(f.endswith(".parquet") for f in files):
-        raise DataError(
-            f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
-            "only parquet hub datasets can be read by row group"
-        )
-    log.info("data: %s (subset %s) resolved to %d parquet files at %s", cfg.source, cfg.subset, len(files), files[0])
-    return files
-
-
 def compression(path: str) -> str | None:
     """The compression suffix of `path` (".gz", ...), or None."""
-    return next((s for s in _COMPRESSED if path.endswith(s)), None)
+    return next((s for s in COMPRESSED if path.endswith(s)), None)
 
 
 def _open(path: str, mode: str = "rb"):
@@ -266,39 +181,6 @@ class Catalog:
         return out
 
 
-def file_format(path: str, source: str) -> str:
-    """`json` or `parquet` for a local file: `data.source` when set, else from the extension; a
-    file whose extension says otherwise than `data.source` is a one-line error."""
-    packed = compression(path)
-    guessed = next((kind for s, kind in _EXTENSIONS.items() if _data_name(path).endswith(s)), None)
-    if packed and (guessed == "parquet" or source == "parquet"):
-        raise DataError(
-            f"data file '{path}' is a compressed parquet file: parquet compresses its own pages; decompress the file"
-        )
-    if source == "auto":
-        if guessed is None:
-            raise DataError(
-                f"cannot tell the format of data file '{path}' from its name; set data.source=json "
-                "(JSON Lines) or data.source=parquet"
-            )
-        return guessed
-    if guessed is not None and guessed != source:
-        raise DataError(
-            f"data file '{path}' looks like {guessed} but data.source={source}; set "
-            f"data.source={guessed} (or auto, to go by the file names)"
-        )
-    return source
-
-
-def build_catalog(cfg: DataConfig) -> Catalog:
-    """The pieces of `cfg`'s text corpus (local JSON Lines / parquet, or a hub dataset's parquet)."""
-    if not is_hub_source(cfg):
-        files = [describe_file(p, file_format(p, cfg.source), cfg.piece_bytes) for p in _local_files(cfg)]
-    else:
-        files = [describe_file(p, "parquet", cfg.piece_bytes) for p in _hub_files(cfg)]
-    return Catalog(files, cfg.piece_bytes)
-
-
 def _json_lines(piece: Piece) -> Iterator[bytes]:
     """The lines that start in [start, end): skip the partial first line unless at the file start.
     A compressed file is one piece: all of its lines."""
@@ -336,7 +218,18 @@ def _decode_json(line: bytes, piece: Piece, row: int, text_field: str) -> object
     return record[text_field]
 
 
-def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+def json_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+    """The `text_field` of each row of a JSON Lines piece from row `start_row` on (None for a blank line)."""
+    lines = _json_lines(piece)
+    for _ in range(start_row):
+        if next(lines, None) is None:
+            return
+    for i, line in enumerate(lines):
+        yield _decode_json(line, piece, start_row + i, text_field)
+
+
+def parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+    """The `text_field` column of a parquet piece (one row group) from row `start_row` on."""
     with _parquet_file(piece.path) as pf:  # closed when the rows are read (or the reader is dropped)
         if text_field not in pf.schema_arrow.names:
             raise DataError(
@@ -359,22 +252,11 @@ def _parquet_rows(piece: Piece, text_field: str, start_row: int) -> Iterator[obj
             raise _read_failure(piece.path, f"row group {piece.unit}", err) from None
 
 
-def read_texts(
-    piece: Piece, text_field: str, start_row: int = 0, notices: Notices | None = None
-) -> Iterator[str | None]:
-    """The documents of `piece` from row `start_row` on, one per row: the text, or None for a row
-    that is empty or not text (skipped with a warning, said once per `notices` and then counted,
-    but it keeps its row number)."""
-    notices = notices or Notices(log)
-    if piece.kind == "parquet":
-        values = _parquet_rows(piece, text_field, start_row)
-    else:
-        lines = _json_lines(piece)
-        for _ in range(start_row):
-            if next(lines, None) is None:
-                return
-        values = (_decode_json(line, piece, start_row + i, text_field) for i, line in enumerate(lines))
-    for row, text in enumerate(values, start_row):
+def kept_texts(rows: Iterator[object], piece: Piece, start_row: int, notices: Notices) -> Iterator[str | None]:
+    """Each of `rows` (from row `start_row` of `piece`) as its text, or None for a row that is empty
+    or not text (skipped with a warning, said once per `notices` and then counted, but it keeps its
+    row number)."""
+    for row, text in enumerate(rows, start_row):
         if isinstance(text, str) and text.strip():
             yield text
         else:
@@ -385,15 +267,3 @@ def read_texts(
                 row,
             )
             yield None
-
-
-def iter_documents(cfg: DataConfig, catalog: Catalog | None = None) -> Iterator[tuple[int, str]]:
-    """(index, text) for every document of the corpus in published order; skipped rows keep their
-    index. For inspection and tests: training reads pieces through the loader."""
-    catalog = catalog or build_catalog(cfg)
-    index, notices = 0, Notices(log)
-    for i in range(len(catalog)):
-        for text in read_texts(catalog[i], cfg.text_field, notices=notices):
-            if text is not None:
-                yield index, text
-            index += 1

@@ -97,8 +97,7 @@ class TokenDocuments:
 
     @classmethod
     def open(cls, cfg: DataConfig, tokenizer: TextTokenizer) -> TokenDocuments:
-        if len(cfg.data_files) != 1:
-            raise DataError("data.source=tokens needs data.data_files = [the directory python -m data.prepare wrote]")
+        """The shards in `data.data_files[0]`, refused when written with another tokenizer."""
         directory = resolve_path(cfg.data_files[0])
         manifest = read_manifest(directory)
         want, have = tokenizer.fingerprint(), manifest.get("tokenizer", {}).get("fingerprint")

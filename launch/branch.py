@@ -1,4 +1,6 @@
-"""Cooldown branches: many token budgets from one warmup-stable-decay run.
+"""`python -m launch.branch`: many token budgets from one warmup-stable-decay run, as cooldown branches
+(the command, its plan and its checks; the cooldown rule is `launch.sweep.branches.cooldown`, which a
+sweep's `branch_of` scales follow too).
 
     python -m launch.branch --parent runs/s2-wsd --budgets 48 96 192 384 [--decay-fraction 0.2 |
         --decay-steps N] [--out DIR] [--nproc N] [--dry-run] [section.key=value ...]
@@ -41,7 +43,7 @@ from launch.engine import engine_class
 from launch.errors import USER_ERRORS, UserError
 from launch.run.resume import refuse_incompatible
 from launch.run.setup import check_config
-from orscale import OptimConfig
+from launch.sweep.branches import cooldown
 from orscale.schedule import decay_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,9 +111,7 @@ def plan_branches(
         fraction, steps = optim.decay_fraction, optim.decay_steps
     branches = []
     for budget in budgets:
-        length = OptimConfig(schedule="wsd", decay_fraction=fraction, decay_steps=steps)
-        decay = decay_steps(length, budget)
-        first = budget - decay  # the branch's first cooldown step
+        decay, first = cooldown(budget, fraction, steps)  # first: the branch's first cooldown step
         if first < optim.warmup_steps:
             raise UserError(
                 f"budget {budget}: its cooldown ({decay} steps) would start at step {first}, inside the parent's "

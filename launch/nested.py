@@ -65,14 +65,6 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def pop_dotted(tree: dict[str, Any], dotted: str) -> None:
-    """Remove "a.b" from `tree` if it is there."""
-    *parents, last = dotted.split(".")
-    node = dotted_get(tree, ".".join(parents), None) if parents else tree
-    if isinstance(node, dict):
-        node.pop(last, None)
-
-
 def unknown_key(what: str, key: str, valid: Sequence[str], section: str = "") -> str:
     """The one-line error for a `key` of `section` (a dotted prefix, "optim.") that is none of
     `valid`: the closest valid one first when one is close (a typo: `optim.nmae` -> `optim.name`),

@@ -1,4 +1,4 @@
-"""M2 of Conditioned Backpropagation (seed 000 §4.2): a linear layer with a centred input.
+"""M2 of Conditioned Backpropagation (docs/cbp.md): a linear layer with a centred input.
 
     y = W·(x − μ) + b̃                                                     (eq. 8)
 

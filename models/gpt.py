@@ -1,4 +1,5 @@
-"""The paper's GPT decoder (SPEC §4). Single-device code only: parallelism is applied from outside.
+"""The paper's GPT decoder (docs/algorithm.md, "The paper's language-model setup"). Single-device
+code only: parallelism is applied from outside.
 
 Pre-norm blocks, RMSNorm (eps 1e-6), RoPE (base 1e4, rotate-half convention of HF Llama-family
 models so export needs no permutation), causal multi-head attention via SDPA, non-gated ReLU² MLP

@@ -1,5 +1,5 @@
-"""Model size presets (the paper's four scales, SPEC §4, and a CPU-sized `tiny`) and the
-`model:` section of a run config, which resolves to a `GPTConfig`."""
+"""Model size presets (the paper's four scales, docs/algorithm.md "The paper's language-model setup",
+and a CPU-sized `tiny`) and the `model:` section of a run config, which resolves to a `GPTConfig`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ PRESETS: dict[str, GPTConfig] = {
     "1.1b": GPTConfig(n_layer=18, d_model=2304, n_head=18, max_seq_len=4096),
 }
 
-# Parameter counts the paper logged (SPEC §4), checked by the tests.
+# Parameter counts the paper logged (docs/algorithm.md, the setup table), checked by the tests.
 PAPER_PARAM_COUNTS = {"125m": 123.6e6, "399m": 417.0e6, "545m": 629.7e6, "1.1b": 1262.6e6}
 
 

@@ -1,8 +1,6 @@
-"""Optimizers of the OrScale stack: OrScale-LM for any PyTorch model (``OrScaleLM``, one optimizer
-for every parameter: docs/library.md), Newton–Schulz, the Muon family (Muon, Muon+Moonlight,
-OrScale, OrScale-LM and their trust-ratio design-space variants: docs/algorithm.md), parameter
-routing, the LR schedule, diagnostics, the `optim:` config section, and their distributed execution
-(``orscale.distributed``). The public API is what this module exports (``__all__``)."""
+"""Optimizers of the OrScale stack, for the trainer and for any PyTorch model, and their distributed
+execution (docs/algorithm.md, docs/library.md); the public API is what this module exports
+(``__all__``)."""
 
 from orscale.builder import PLACEMENTS, build_optimizers
 from orscale.diagnostics import collect_diagnostics, matrix_class

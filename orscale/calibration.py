@@ -1,7 +1,7 @@
-"""The trust ratio of the Muon family from a matrix's norms (SPEC §1.5–1.6, §3): which norms form
-its numerator and denominator, OrScale-LM's lazy calibration constant, and the clip. Pure tensor
-functions on the device (no host sync), one entry per matrix; `orscale.muon_family` calls them in
-stage (c) of its step."""
+"""The trust ratio of the Muon family from a matrix's norms (docs/algorithm.md, steps 5–6 and the
+design-space table): which norms form its numerator and denominator, OrScale-LM's lazy calibration
+constant, and the clip. Pure tensor functions on the device (no host sync), one entry per matrix;
+`orscale.muon_family` calls them in stage (c) of its step."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Conditioned Backpropagation (CBP, seed 000 Algorithm 1): the optimizer half, M1 and M3.
+"""Conditioned Backpropagation (CBP, docs/cbp.md): the optimizer half, M1 and M3.
 
 Per parameter tensor l (one block), gradient g_l, step t = 1, 2, … (all in fp32):
 

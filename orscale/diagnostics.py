@@ -1,4 +1,5 @@
-"""Per-matrix optimizer diagnostics, grouped by matrix class (SPEC §3's logging list).
+"""Per-matrix optimizer diagnostics, grouped by matrix class (the list in docs/algorithm.md, "The
+trust-ratio design space").
 
 The optimizer keeps the numbers on the device every step; turning them into Python floats is
 the only host sync, done once (one transfer) and only when the trainer asks, on logging steps.
@@ -163,12 +164,6 @@ class DiagnosticsMixin:
         names = [n for ns, _ in self._last_diag for n in ns]
         rows = torch.cat([t for _, t in self._last_diag]).tolist()
         return {n: dict(zip(STEP_FIELDS, row, strict=True)) for n, row in zip(names, rows, strict=True)}
-
-    def reset_diagnostics(self) -> None:
-        """Zero the cumulative clip counters (e.g. after warmup)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p][CLIP_COUNTS].zero_()
 
 
 def collect_diagnostics(optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, float]:

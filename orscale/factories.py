@@ -42,8 +42,9 @@ def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 # torch 2.10 and 2.11 keep one DTensorSpec alive per parameter per fused-AdamW step on DTensor
-# (FSDP2) parameters: host RAM grows without bound (pytorch#181761, #188174; torchtitan#3790 saw
-# 122 -> 180 GB over ~100k steps). Fixed upstream by pytorch#181792; 2.8 and 2.13 do not leak.
+# (FSDP2) parameters: host RAM grows without bound (github.com/pytorch/pytorch/issues/181761 and
+# .../188174; github.com/pytorch/torchtitan/issues/3790 saw 122 -> 180 GB over ~100k steps). Fixed
+# upstream by github.com/pytorch/pytorch/pull/181792; 2.8 and 2.13 do not leak.
 FUSED_DTENSOR_LEAK = ((2, 10), (2, 11))
 
 

@@ -1,5 +1,5 @@
 """One optimizer for the whole Muon family: Muon, Muon+Moonlight, OrScale, OrScale-LM and the
-trust-ratio design-space variants of SPEC §3, selected by named choices (``orscale.variants``).
+trust-ratio design-space variants of docs/algorithm.md, selected by named choices (``orscale.variants``).
 
 Per 2-D weight W (m×n), gradient G, Nesterov momentum (fp32, no dampening):
 

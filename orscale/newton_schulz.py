@@ -1,6 +1,6 @@
 """Newton–Schulz orthogonalisation: M ↦ Q ≈ U Vᵀ (the polar factor of M = U Σ Vᵀ).
 
-Two coefficient sets (SPEC §1.2):
+Two coefficient sets (docs/algorithm.md, step 2 of OrScale-LM):
 
 * ``polar_express`` (default): five per-iteration quintic coefficient triples from the Polar
   Express paper (Amsel et al., 2025), with X₀ = M / (1.02·‖M‖_F + 1e-6). The 1.02 safety factor
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-# Full-precision values of the coefficients SPEC §1.2 lists to 5 significant digits.
+# Full-precision values of the coefficients docs/algorithm.md lists to 5 significant digits.
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),

@@ -13,7 +13,7 @@ DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown
 DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
 DEFAULT_DECAY_SHAPE = "1-sqrt"
 
-# Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, seed 000).
+# Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, docs/cbp.md).
 ELEMENTWISE: tuple[str, ...] = ("cbp", "lamb", "lars")
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(VARIANTS) + ELEMENTWISE
 
@@ -66,7 +66,7 @@ class OptimConfig:
     decay_fraction: float | None = None
     decay_steps: int | None = None
     decay_shape: str | None = None
-    # CBP (optim.name=cbp; seed 000 Algorithm 1). Its paper uses betas (0.9, 0.999): set optim.betas.
+    # CBP (optim.name=cbp; docs/cbp.md). Its paper uses betas (0.9, 0.999): set optim.betas.
     cbp_zeta: float = 1e-3  # M3 damping ζ added to √v̂
     cbp_rho: float = 0.99  # M1 energy EMA ρ
     cbp_s_min: float = 0.1  # M1 clip of the block scale

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (`optim.schedule`): linear warmup, then cosine decay to a floor (SPEC §4),
+"""Learning-rate schedules (`optim.schedule`): linear warmup, then cosine decay to a floor (docs/algorithm.md),
 or warmup-stable-decay (WSD). Stateless: the LR of a step is a function of the step and the config.
 
 Warmup convention: ``lr = peak·(step+1)/warmup`` for ``step < warmup`` (steps count from 0), so the

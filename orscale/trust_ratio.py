@@ -1,4 +1,4 @@
-"""Layer-wise trust-ratio optimizers LARS and LAMB, the baselines of CBP (seed 000 §6.3).
+"""Layer-wise trust-ratio optimizers LARS and LAMB, the baselines of CBP (docs/cbp.md).
 
 Per parameter tensor p (one block), gradient g, weight decay λ, step t:
 

@@ -1,4 +1,5 @@
-"""The Muon family as a table of named choices (SPEC §2–3).
+"""The Muon family as a table of named choices (docs/algorithm.md, "Baselines" and "The trust-ratio
+design space").
 
 Every member shares one step (``orscale.muon_family.MuonFamily``); they differ only in:
 
@@ -56,7 +57,7 @@ class Variant:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-# SPEC §2 (baselines) and §3 (the trust-ratio design space), row by row.
+# docs/algorithm.md's baselines and its trust-ratio design space, row by row.
 VARIANTS: dict[str, Variant] = {
     "muon": Variant("one", "none", "decoupled", "none"),
     "muon_moonlight": Variant("moonlight", "none", "decoupled", "none"),

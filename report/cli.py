@@ -1,6 +1,6 @@
 """The comparison report: tables, significance, LR sensitivity, scaling fits and plots from run logs.
 
-python -m report RUNS_DIR --out REPORT_DIR      (python -m launch.report is the same command)
+python -m report RUNS_DIR --out REPORT_DIR
 
 Every run directory under RUNS_DIR (config.yaml + metrics.jsonl) is read; report.md, summary.json
 and PNGs go to REPORT_DIR. Runs are grouped into *rows* (same model, context, tokens per step,
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m report", description=(__doc__ or "").splitlines()[0])
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True, help="directory for report.md, summary.json and PNGs")
     args = p.parse_args(argv)

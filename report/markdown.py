@@ -80,7 +80,7 @@ def _paper_table(rep: Report) -> list[str]:
             paper_cell = f"{paper:.4f} (paper, {row.paper_scale})" if paper is not None else "—"
             body.append([*cells, paper_cell, provenance(s.runs, rep.root)])
     header = ["scale", "steps × tokens/step", "optimizer", "best LR (matrices / AdamW group)", "val loss (mean ± std)"]
-    header += ["seeds", "tokens seen", "val tokens", "paper's number (SPEC §4, not ours)"]
+    header += ["seeds", "tokens seen", "val tokens", "paper's number (docs/algorithm.md, not ours)"]
     out += table([*header, "runs (commit, config)"], body) if body else ["No finished runs."]
     commits = sorted({c for r in rep.runs if r.finished for c in r.commits})
     if len(commits) > 1:
@@ -94,7 +94,7 @@ def _paper_table(rep: Report) -> list[str]:
         ]
     return out + [
         "",
-        "The *paper's number* column is the published one-seed result (SPEC §4), shown only where the row "
+        "The *paper's number* column is the published one-seed result (docs/algorithm.md), shown only where the row "
         "has the paper's preset, steps, tokens per step and context (configs/<scale>.yaml); it is never used "
         "in any statistic here. Seeds: those scored (with an LR search, the evaluation seeds only).",
         "",
@@ -133,7 +133,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
     if not rep.downstream:
         return out + [
             "No downstream accuracies in the logs (no `eval/<task>/*` records at the final step, no "
-            "`downstream.json` or `downstream/step_<max_steps>.json` from `python -m launch.evaluate`).",
+            "`downstream.json` or `downstream/step_<max_steps>.json` from `python -m launch.evaluation`).",
             "",
         ]
     out += [

@@ -23,7 +23,7 @@ from records.points import Point, best, edge, point, same, tied
 from records.read import RunRecord, finite
 
 _PAPER = json.loads(Path(__file__).with_name("paper_results.json").read_text())
-PAPER: dict[str, dict[str, float]] = _PAPER["final_val_loss"]  # SPEC §4, one seed each
+PAPER: dict[str, dict[str, float]] = _PAPER["final_val_loss"]  # docs/algorithm.md, one seed each
 PAPER_SETUP: dict[str, dict[str, int]] = _PAPER["setup"]
 REFS = ("adamw", "muon_moonlight")
 # Settings that do not change what a run computes (or are the sweep's axes): not part of a row.

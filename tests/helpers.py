@@ -34,7 +34,7 @@ SMALL = [
 ]
 
 
-# The CPU ladder's miniature (tests/launch/test_report_ladder.py, test_report_protocols.py): the
+# The CPU ladder's miniature (tests/report/test_ladder.py, test_protocols.py): the
 # ladder's 4k BPE, 32-token windows, 8 steps of 128 tokens, one thread of work per run.
 MINI_LADDER = {
     "data.tokenizer": "assets/tokenizers/bpe4k_ladder",

@@ -1,8 +1,5 @@
-"""Checkpoints: the checkpointer of self-saving parts (`checkpointer`), inspection from outside a run
-(`inspection`: find, check, load weights or a whole GPT), the manifest of sizes and checksums
-(`manifest`), DCP read without unpickling code (`dcp_safe`), the DCP part of the PyTorch-native
-engines (`dcp_state`), any backend's checkpoint read by parameter name (`portable`), a failed
-write said in one line (`disk`) and what a save written in the background needs (`async_writer`)."""
+"""Checkpoints: written in self-saving parts by a run, read back from inside or outside one
+(docs/running.md)."""
 
 from launch.checkpoint.checkpointer import (
     FORMAT,

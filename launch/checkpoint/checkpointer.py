@@ -35,7 +35,7 @@ log = logging.getLogger("orscale")
 
 META = "meta.json"
 _STEP = re.compile(r"step_\d{8}")
-# 3: the loader addresses documents by (piece, row) (issue 9); 1 (no "format" key): by document
+# 3: the loader addresses documents by (piece, row) (docs/data.md); 1 (no "format" key): by document
 # index, one rank{r}.pt of {"loader", "rng"}. Older checkpoints export but do not resume.
 FORMAT = 3
 

@@ -1,6 +1,5 @@
-"""Training engines: the interface (`base.Engine`), one class per backend (`torch_engine`,
-`deepspeed_engine`), the registry that picks one (`registry`), the parallelism applied from outside
-the model (`parallelize`) and the optional loss-spike guard (`spikes`)."""
+"""Training engines: one class per backend behind one interface, and the parallelism they apply from
+outside the model."""
 
 from launch.engine.base import Engine
 from launch.engine.registry import engine_class

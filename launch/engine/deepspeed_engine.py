@@ -4,7 +4,7 @@ family on whole matrices at an owner rank), so that it matches a single-process 
 
 Why fp32 parameters and reductions under bf16 autocast, and why checkpoints are safetensors by parameter name (any
 data-parallel size, either stage, nothing unpickled) rather than DeepSpeed's own: docs/choices.md, "ZeRO"; the
-forward's autocast: docs/gpu.md, issue 39 #1.
+forward's autocast: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -107,7 +107,6 @@ class DeepSpeedEngine(Engine):
 
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
         env, dtype, accum_steps = self.env, self.dtype, self.accum_steps
-        check_zero_config(parallel, optim)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -204,10 +203,6 @@ class DeepSpeedEngine(Engine):
         """Same ``diag/...`` keys as ``orscale.collect_diagnostics``. Collective (every rank)."""
         extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
         return {**self.optimizer.diagnostics(), **extra}
-
-    def calibration_constants(self) -> dict[str, float]:
-        """{matrix name: c} (collective); {} for variants without lazy calibration."""
-        return self.optimizer.calibration_constants()
 
     def save(self, directory: Path) -> None:
         """Collective. Each rank's optimizer state under zero/ (by parameter name), and (rank 0) the

@@ -1,7 +1,5 @@
-"""Evaluation, in one place: the validation loss of a live model (`validation`), downstream tasks
-scored on a live model on every rank (`downstream`, what the loop runs at its validation steps), and
-the same tasks on a checkpoint or an HF export (`offline`: `python -m launch.evaluation`). The
-scoring itself is `evals/`; the checkpoint reading `launch.checkpoint.load_gpt`."""
+"""Evaluation of a live model (validation loss, downstream tasks) and of a checkpoint or an HF export
+(`python -m launch.evaluation`; docs/evaluation.md)."""
 
 from launch.evaluation.downstream import eval_metrics, score_tasks, summary_line
 from launch.evaluation.validation import validation_loss

@@ -3,7 +3,7 @@
     python -m launch.evaluation --checkpoint runs/tiny --tasks hellaswag arc_easy piqa [--shots 0] [--out results.json]
     python -m launch.evaluation --hf exports/tiny-hf --tasks hellaswag
 
-(`python -m launch.evaluate`, the old name, runs the same.) The table goes to stdout, a progress bar to stderr, and a
+The table goes to stdout, a progress bar to stderr, and a
 JSON file (settings, model provenance, the summaries and every example's log-likelihoods) to `--out`, by default
 `<run dir>/downstream/step_<N>.json` for a checkpoint and `<export dir>.downstream.json` beside an export: the rest
 in docs/evaluation.md, "On a checkpoint or an HF export". Scoring is `evals/`, the same code as the loop's in-run

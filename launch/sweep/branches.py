@@ -1,10 +1,11 @@
-"""Token budgets as cooldown branches in a sweep: a scale with `branch_of: <label>`.
+"""A sweep's token budgets as cooldown branches (a scale with `branch_of: <label>`), and the cooldown
+rule every branch follows (`cooldown`, shared with the one-run command `python -m launch.branch`).
 
     scales:
       - {label: s2-wsd, model.n_layer: 3, ..., train.max_steps: 768, optim.schedule: wsd, optim.decay_fraction: 0.2}
       - {label: s2-wsd-192, branch_of: s2-wsd, train.max_steps: 192}    # a budget: a branch of each s2-wsd cell
 
-Each cell of a branch scale is a cooldown branch (launch/branch.py) of the parent scale's cell with the
+Each cell of a branch scale is a cooldown branch (as launch/branch.py makes them) of the parent scale's cell with the
 same optimizer, point and seed: the parent's overrides, then the branch scale's own (its budget,
 `train.max_steps`), its cooldown over the parent's share of it (`optim.decay_steps`), and `run.init_from`
 the parent cell's checkpoint at that cooldown's first step. The parent scale gets `train.ckpt_at` (its
@@ -28,15 +29,17 @@ def _parent(sweep: Sweep, g: CellGroup) -> CellGroup:
     return next(p for p in sweep.groups if p.scale == g.branch_of and p.optim == g.optim)
 
 
-def _cooldown(parent_cell: Cell, budget: int) -> tuple[int, int]:
-    """(decay steps, first cooldown step) of a branch of `budget` steps: the parent's cooldown share."""
-    length = OptimConfig(
-        schedule="wsd",
-        decay_fraction=parent_cell.value("optim.decay_fraction"),
-        decay_steps=parent_cell.value("optim.decay_steps"),
-    )
-    decay = decay_steps(length, budget)
+def cooldown(budget: int, fraction: float | None, steps: int | None) -> tuple[int, int]:
+    """(decay steps, first cooldown step) of a wsd run of `budget` steps that cools down over `steps`
+    steps, or else over `fraction` of itself (orscale.schedule.decay_steps): a cooldown branch of that
+    budget leaves the run it branches from at its first cooldown step (docs/running.md)."""
+    decay = decay_steps(OptimConfig(schedule="wsd", decay_fraction=fraction, decay_steps=steps), budget)
     return decay, budget - decay
+
+
+def _cooldown(parent_cell: Cell, budget: int) -> tuple[int, int]:
+    """`cooldown` of a branch of `budget` steps of `parent_cell`: the parent's cooldown share."""
+    return cooldown(budget, parent_cell.value("optim.decay_fraction"), parent_cell.value("optim.decay_steps"))
 
 
 def attach_branches(sweep: Sweep) -> None:

@@ -1,4 +1,4 @@
-"""Owner-rank execution of the Muon family (DESIGN "Sharded execution"), shared by FSDP2 and DDP.
+"""Owner-rank execution of the Muon family, shared by FSDP2 and DDP.
 
 Newton–Schulz needs whole matrices; everything else in the step is elementwise or a sum over
 elements. So the distributed subclasses keep ``MuonFamily``'s step and replace only (b)

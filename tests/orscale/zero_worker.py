@@ -150,7 +150,7 @@ def run_zero(optim: str, stage: int, bf16: bool = False) -> dict:
         "ds_optimizer": type(zero.module.optimizer).__name__,
         "losses": losses,
         "grad_norms": norms,
-        "calibration": zero.calibration_constants(),
+        "calibration": zero.optimizer.calibration_constants(),
         "weights": _weights(zero),
         "diagnostics": zero.diagnostics(),
         "exchanged": bool(layout is not None and layout.needs_exchange),
@@ -163,14 +163,14 @@ def run_roundtrip(optim: str, stage: int, ckpt_dir: str, split: int = 3, bf16: b
     first, _ = _train(cfg, env, zero, range(split))
     import torch.distributed as dist
 
-    saved_calibration = zero.calibration_constants()
+    saved_calibration = zero.optimizer.calibration_constants()
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     zero.save(Path(ckpt_dir))
     del zero
     cfg, env, fresh = _zero_engine(optim, stage, seed=7, bf16=bf16)
     fresh.load(Path(ckpt_dir))
-    loaded_calibration = fresh.calibration_constants()
+    loaded_calibration = fresh.optimizer.calibration_constants()
     rest, _ = _train(cfg, env, fresh, range(split, STEPS))
     return {
         "losses": first + rest,

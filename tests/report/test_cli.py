@@ -1,4 +1,4 @@
-"""The report's command line under both names, and its place in the layers: it reads run records and
+"""The report's command line, and its place in the layers: it reads run records and
 imports no part of the launcher, nor anything outside the run directories."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_a_missing_dir_is_one_line_and_an_empty_one_reports_nothing(tmp_path, ca
     assert "0 run directories" in Path(tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("module", ["report", "launch.report"])
-def test_both_names_run_the_same_command(module, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("module", ["report"])
+def test_python_m_report_runs_the_command(module, tmp_path, monkeypatch, capsys):
     (tmp_path / "runs").mkdir()
     monkeypatch.setattr(sys, "argv", [module, str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as stop:
@@ -40,5 +40,3 @@ def test_the_report_imports_no_launcher_and_parses_no_source():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n == "launch" or n.startswith("launch.") or n == "ast" for n in names), (path, names)
-    shim = [p for p in (ROOT / "launch/report").rglob("*.py") if "__pycache__" not in p.parts]
-    assert sum(len(p.read_text().splitlines()) for p in shim) < 15  # the old name is a shim, nothing more

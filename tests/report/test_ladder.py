@@ -293,7 +293,7 @@ def test_edges_holm_downstream_and_hyperparameters_from_synthetic_logs(tmp_path)
                 "note": "",
                 "lr_from": None,
             }
-    final = runs / "a/adamw/lr0.004-seed1/downstream/step_20.json"  # launch.evaluate's default output
+    final = runs / "a/adamw/lr0.004-seed1/downstream/step_20.json"  # launch.evaluation's default output
     final.parent.mkdir()
     summary = {"task": "hellaswag", "n": 200, "chance": 0.25, "acc": 0.5, "acc_norm": 0.31, "acc_per_token": 0.3}
     final.write_text(json.dumps({"summaries": {"hellaswag": {**summary, "primary_metric": "acc_norm"}}}))
@@ -309,7 +309,7 @@ def test_edges_holm_downstream_and_hyperparameters_from_synthetic_logs(tmp_path)
     assert small["p_holm"] == pytest.approx(min(1.0, 2 * small["p"]))
     assert large["p_holm"] == pytest.approx(max(small["p_holm"], large["p"]))
     assert s["headline"]["n_tests"] == 2 and "**2 tests**" in top
-    # downstream: metrics records, except where downstream.json (launch.evaluate) gives the final numbers
+    # downstream: metrics records, except where downstream.json (launch.evaluation) gives the final numbers
     assert "### hellaswag (acc_norm)" in md and "near chance" in md.split("## Downstream evaluation")[1]
     pts = {(e["scale"], e["optim"]): e for e in s["figures"]["accuracy_vs_val_loss"]}
     assert pts[("a", "adamw")]["mean"] == pytest.approx(np.mean([0.31, 0.26, 0.265]))

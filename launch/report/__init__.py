@@ -1,1 +1,0 @@
-"""The comparison report's old home: it is the `report` package now (python -m report)."""
