@@ -27,7 +27,7 @@ from launch.dryrun.fake_world import Collective, CollectiveLog, fake_allreduce_h
 from launch.engine import engine_class
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
-from launch.run.setup import _accum_steps, _fit_micro_batch
+from launch.run.setup import _accum_steps
 from launch.runtime.process_group import DistEnv
 from models import GPT
 from orscale.distributed.owners import OwnerMuonFamily
@@ -177,7 +177,6 @@ def step_rank(
     model_cfg = cfg.model.resolve()
     engine_type = engine_class(par.backend)
     engine_type.check_config(par, cfg.optim)
-    _fit_micro_batch(train, cfg.data.seq_len, world)
     accum = _accum_steps(train, cfg.data.seq_len, world)
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
     if par.param_dtype == "auto" and par.backend == "fsdp":
