@@ -25,6 +25,7 @@ class Backend:
     """One `parallel.backend`. The class attributes describe it; the methods act for it."""
 
     name: ClassVar[str]
+    label: ClassVar[str]  # what a report calls it
     # Where `orscale.build_optimizers` finds the parameters (its placement: none | ddp | fsdp);
     # None: the backend drives a client optimizer of its own (ZeRO).
     optimizer_placement: ClassVar[str | None]

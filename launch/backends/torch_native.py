@@ -22,6 +22,7 @@ class NoBackend(Backend):
     """One process, no process group: the model and its optimizers as they are."""
 
     name = "none"
+    label = "one process"
     optimizer_placement = "none"
     checkpoint_layout = "dcp"
     process_group = False
@@ -42,6 +43,7 @@ class DDPBackend(Backend):
     """DistributedDataParallel: whole replicas, gradients all-reduced in buckets."""
 
     name = "ddp"
+    label = "DDP"
     optimizer_placement = "ddp"
     checkpoint_layout = "dcp"
 
@@ -55,6 +57,7 @@ class FSDPBackend(Backend):
     """FSDP2 (`fully_shard`) per block and on the whole model; HSDP with `parallel.dp_replicate` > 1."""
 
     name = "fsdp"
+    label = "FSDP2"
     optimizer_placement = "fsdp"
     checkpoint_layout = "dcp"
     shards_parameters = True

@@ -46,6 +46,7 @@ class Zero1Backend(ZeroBackend):
     """ZeRO-1: optimizer state partitioned."""
 
     name = "zero1"
+    label = "ZeRO-1"
     zero_stage = 1
 
 
@@ -53,4 +54,5 @@ class Zero2Backend(ZeroBackend):
     """ZeRO-2: optimizer state and gradients partitioned."""
 
     name = "zero2"
+    label = "ZeRO-2"
     zero_stage = 2
