@@ -2,8 +2,10 @@
 
 Each section lives beside its owner and checks itself on construction: `model:` in
 `models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`;
-`run:`, `train:` and `parallel:` belong to the launcher and live here. This module only reads
-YAML, applies overrides, type-checks every key and runs the checks that span sections.
+`run:`, `train:` and `parallel:` belong to the launcher and live here. This module reads YAML,
+applies overrides, type-checks every key, and `resolve`s the result once against the launch's facts
+(launch/environment.py): the checks that span sections, then what `auto` and the world size decide.
+The sections themselves read no environment, and nothing changes the resolved config afterwards.
 
 Unknown keys, wrong types and impossible values raise `ConfigError` with one line that names the
 key and says what would be valid. Kept dependency-free (dataclasses + PyYAML) because the rules are
