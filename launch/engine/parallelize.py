@@ -38,8 +38,7 @@ def build_model(
     `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`, which traces
     the same graphs without generating kernels)."""
     torch.manual_seed(seed)
-    backend = backend_for(parallel.backend)
-    meta_init = backend.meta_init(parallel)
+    meta_init = backend_for(parallel.backend).meta_init(parallel)
     with torch.device("meta" if meta_init else env.device):
         model = GPT(model_cfg) if meta_init else GPT(model_cfg, seed=seed)
     _apply(model, parallel, env, dtype, compile_backend)
