@@ -2,8 +2,10 @@
 
 Each section lives beside its owner and checks itself on construction: `model:` in
 `models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`;
-`run:`, `train:` and `parallel:` belong to the launcher and live here. This module only reads
-YAML, applies overrides, type-checks every key and runs the checks that span sections.
+`run:`, `train:` and `parallel:` belong to the launcher and live here. This module reads YAML,
+applies overrides, type-checks every key, and `resolve`s the result once against the launch's facts
+(launch/environment.py): the checks that span sections, then what `auto` and the world size decide.
+The sections themselves read no environment, and nothing changes the resolved config afterwards.
 
 Unknown keys, wrong types and impossible values raise `ConfigError` with one line that names the
 key and says what would be valid. Kept dependency-free (dataclasses + PyYAML) because the rules are
@@ -12,9 +14,9 @@ small and the error messages matter more than generality.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ import yaml
 
 from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
+from launch.backends import AUTO, BACKEND_NAMES, backend_for, resolve_auto
+from launch.environment import EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
 from launch.runtime.attention import ATTENTION_BACKENDS, resolve_attention
@@ -32,7 +36,6 @@ from models.presets import ModelConfig
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
 
-BACKENDS: tuple[str, ...] = ("none", "ddp", "fsdp", "zero1", "zero2")
 DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
@@ -160,8 +163,8 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    # none | ddp | fsdp | zero1 | zero2 | auto: none for one process, fsdp when launched on several
-    # (resolved when the config is built, so config.yaml records the backend that ran)
+    # none | ddp | fsdp | zero1 | zero2 (launch/backends/) | auto: none for one process, fsdp when
+    # launched on several (resolved by `resolve`, so config.yaml records the backend that ran)
     backend: str = "auto"
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
@@ -190,8 +193,6 @@ class ParallelConfig:
     muon_bucket_numel: int = DEFAULT_BUCKET_NUMEL  # whole-matrix elements per exchange bucket
 
     def __post_init__(self) -> None:
-        if self.backend == "auto":
-            self.backend = "fsdp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
         # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
         if isinstance(self.compile, bool):
             self.compile = "blocks" if self.compile else "none"
@@ -207,39 +208,42 @@ class ParallelConfig:
             f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
         )
         _require(
-            self.backend in BACKENDS,
-            f"parallel.backend must be one of {', '.join(BACKENDS)} or auto; got {self.backend!r}",
+            self.backend in (*BACKEND_NAMES, AUTO),
+            f"parallel.backend must be one of {', '.join(BACKEND_NAMES)} or auto; got {self.backend!r}",
         )
         _require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )
         for key in ("init_timeout_s", "comm_timeout_s"):
             _require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
-        self._check_mesh(int(os.environ.get("WORLD_SIZE", "1")))
+        self._check_shape()
 
-    def _check_mesh(self, world: int) -> None:
-        """dp_replicate × dp_shard = the launched world size (dp_shard -1 resolved to the rest)."""
-        r = self.dp_replicate
+    def _check_shape(self) -> None:
+        """What any world size checks of the mesh settings (`for_world` checks the rest)."""
         _at_least("parallel", self, dp_replicate=(1, "1: no replication"))
         _require(
             self.dp_shard == -1 or self.dp_shard >= 1,
             f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
         )
-        _require(
-            r == 1 or self.backend == "fsdp",
-            f"parallel.dp_replicate={r} (HSDP) needs parallel.backend=fsdp (got {self.backend}); "
-            "set parallel.backend=fsdp or parallel.dp_replicate=1",
-        )
+        _at_least("parallel", self, muon_bucket_numel=1)
+
+    def for_world(self, world: int) -> ParallelConfig:
+        """This section as it runs on `world` processes: backend auto resolved (none for one process,
+        fsdp for several), dp_shard -1 resolved to the rest of the world; one-line ConfigError for a
+        mesh that does not fit: dp_replicate × dp_shard = the world size."""
+        backend = resolve_auto(self.backend, world)
+        r = self.dp_replicate
+        self._check_shape()
+        backend_for(backend).check_layout(self)
         _require(
             world % r == 0,
             f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",
         )
-        if self.dp_shard == -1:
-            self.dp_shard = world // r
-        fix = f"parallel.dp_replicate={world // self.dp_shard} or " if world % self.dp_shard == 0 else ""
+        shard = world // r if self.dp_shard == -1 else self.dp_shard
+        fix = f"parallel.dp_replicate={world // shard} or " if world % shard == 0 else ""
         _require(
-            r * self.dp_shard == world,
-            f"parallel.dp_replicate ({r}) x parallel.dp_shard ({self.dp_shard}) must equal the world size "
+            r * shard == world,
+            f"parallel.dp_replicate ({r}) x parallel.dp_shard ({shard}) must equal the world size "
             f"({world}); set {fix}leave parallel.dp_shard unset (the rest of the world)",
         )
         _require(
@@ -247,7 +251,7 @@ class ParallelConfig:
             "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
             f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
         )
-        _at_least("parallel", self, muon_bucket_numel=1)
+        return dataclasses.replace(self, backend=backend, dp_shard=shard)
 
 
 @dataclass
@@ -259,6 +263,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # What `resolve` derived that the user should hear, said once logging is set up (launch/run/setup.py);
+    # not a setting: no YAML key, not in config.yaml.
+    notes: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -299,7 +306,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
@@ -336,8 +343,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML file (optional), apply dotted overrides, type-check and validate."""
+def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = (), facts: EnvFacts | None = None) -> Config:
+    """Read a YAML file (optional), apply dotted overrides, type-check, and `resolve` the result
+    against `facts` (default: this process's, `EnvFacts.from_env`)."""
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -351,41 +359,46 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
             raise ConfigError(f"config file '{path}' must hold a mapping of sections")
     tree = deep_merge(tree, parse_overrides(list(overrides)))
     cfg = _build(Config, tree, "")
-    validate(cfg)
-    resolve_device_defaults(cfg)
-    return cfg
+    return resolve(cfg, facts if facts is not None else EnvFacts.from_env(cfg.train))
 
 
-def _cuda_device_name() -> str | None:
-    import torch
-
-    try:
-        return torch.cuda.get_device_name()
-    except (AssertionError, RuntimeError):  # no CUDA device after all: train.device=cuda is refused later
-        return None
-
-
-def resolve_device_defaults(cfg: Config, cuda: bool | None = None) -> None:
-    """The `auto` settings that depend on the device, resolved in place, so that config.yaml and
-    run.log record what runs (docs/gpu.md, "One GPU"). `cuda`: whether the run trains on CUDA
-    (default: train.device, or for auto whether a CUDA device is visible). On CUDA,
-    `parallel.compile` is blocks (compiled blocks, head and loss: the fastest measured) and AdamW
-    fused (foreach on FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach.
-    `train.attention` auto becomes the backend measured fastest on this board, else torch's order.
-    `parallel.backend` auto was resolved by ParallelConfig: none for one process (FSDP2 on one GPU
-    measured 0.967 of its tokens/s), fsdp when launched on several."""
+def resolve(cfg: Config, facts: EnvFacts) -> Config:
+    """The config that runs under `facts`, as a new Config (`cfg` is left as it was); what config.yaml
+    and run.log record. Checks what spans sections (`validate`) and resolves:
+    `parallel`: backend auto and dp_shard -1 for the world size (`ParallelConfig.for_world`);
+    the `auto` settings that depend on the device (docs/gpu.md, "One GPU"): on CUDA, `parallel.compile`
+    is blocks (compiled blocks, head and loss: the fastest measured) and AdamW fused (foreach on
+    FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach; `train.attention`
+    auto becomes the backend measured fastest on this board, else torch's order;
+    `train.micro_batch_size`: at most a rank's share of a step (`fit_micro_batch`, said in `notes`)."""
     from orscale.factories import adamw_auto
 
-    if cuda is None:
-        import torch
+    resolved = copy.deepcopy(cfg)  # the sections are filled in below; the caller's stay as they were
+    resolved.parallel = cfg.parallel.for_world(facts.world_size)
+    validate(resolved)
+    parallel, optim, train = resolved.parallel, resolved.optim, resolved.train
+    if parallel.compile == "auto":
+        parallel.compile = "blocks" if facts.cuda else "none"
+    if optim.fused == "auto":
+        optim.fused = adamw_auto(facts.cuda, dtensor_params=backend_for(parallel.backend).shards_parameters)
+    if train.attention == "auto":
+        train.attention = resolve_attention("auto", facts.device_name if facts.cuda else None)
+    train.micro_batch_size, note = fit_micro_batch(train, resolved.data.seq_len, facts.world_size)
+    resolved.notes = (note,) if note else ()
+    return resolved
 
-        cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
-    if cfg.parallel.compile == "auto":
-        cfg.parallel.compile = "blocks" if cuda else "none"
-    if cfg.optim.fused == "auto":
-        cfg.optim.fused = adamw_auto(cuda, dtensor_params=cfg.parallel.backend == "fsdp")
-    if cfg.train.attention == "auto":
-        cfg.train.attention = resolve_attention("auto", _cuda_device_name() if cuda else None)
+
+def fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> tuple[int, str | None]:
+    """`train.micro_batch_size` on `world_size` ranks, and the line that says so when it changed: a
+    micro-batch larger than a rank's share of the step is the share (the tiny default's 16 sequences
+    per micro-batch on 2 ranks, each holding 8 of a step's 16)."""
+    share = train.tokens_per_step // seq_len // world_size
+    if train.micro_batch_size > share >= 1:
+        return share, (
+            f"train.micro_batch_size {train.micro_batch_size} is more than a rank's share of a step "
+            f"({share} sequences on {world_size} ranks): using {share}"
+        )
+    return train.micro_batch_size, None
 
 
 def validate(cfg: Config) -> None:
@@ -405,11 +418,7 @@ def validate(cfg: Config) -> None:
         f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
         "lower data.seq_len or set model.max_seq_len",
     )
-    _require(
-        cfg.parallel.param_dtype == "auto" or cfg.parallel.backend == "fsdp",
-        f"parallel.param_dtype={cfg.parallel.param_dtype} sets FSDP2's parameter dtype; it needs "
-        f"parallel.backend=fsdp (got {cfg.parallel.backend}); use train.dtype for the compute dtype",
-    )
+    backend_for(cfg.parallel.backend).check_param_dtype(cfg.parallel)
     windows = t.tokens_per_step // d.seq_len
     _require(
         windows % d.logical_shards == 0,
@@ -421,4 +430,5 @@ def validate(cfg: Config) -> None:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as config.yaml records it (its sections; not `notes`)."""
+    return {f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}

@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from launch.backends import BACKENDS
 from launch.dryrun.measure import dry_run
 from launch.dryrun.report import LAYOUTS, TABLE_HEAD, batch_for, describe, table_row, unsupported_rows
 from launch.errors import ConfigError
@@ -27,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--world", type=int, help="ranks (GPUs) of the run")
     ap.add_argument("--replicate", type=int, default=1, help="HSDP replica groups (parallel.dp_replicate)")
     ap.add_argument(
-        "--backend", choices=["fsdp", "ddp", "zero1", "zero2"], help="parallel.backend (default: the config's)"
+        "--backend",
+        choices=[name for name, cls in BACKENDS.items() if cls.many_processes],
+        help="parallel.backend (default: the config's)",
     )
     ap.add_argument("--rank", type=int, default=0, help="the rank that is set up and stepped (default 0)")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (torchrun's LOCAL_WORLD_SIZE)")
@@ -43,12 +46,11 @@ def _table(args: argparse.Namespace) -> None:
     for size in args.sizes:
         config = f"configs/{size}.yaml"
         for world in args.worlds:
-            for layout in LAYOUTS:
-                replicate = world // args.gpus_per_node if layout == "hsdp" else 1
-                if layout == "hsdp" and replicate < 2:
+            for backend, replicated in LAYOUTS:
+                replicate = world // args.gpus_per_node if replicated else 1
+                if replicated and replicate < 2:
                     continue  # one node: HSDP is FSDP2
                 overrides = [*batch_for(config, world), *args.overrides]
-                backend = "ddp" if layout == "ddp" else "fsdp"
                 run = dry_run(config, world, replicate=replicate, backend=backend, overrides=overrides)
                 print(table_row(run), flush=True)
     print("\n" + "\n".join(unsupported_rows()))

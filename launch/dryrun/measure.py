@@ -22,23 +22,27 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel
 
+from launch.backends import Backend, DDPBackend, ZeroBackend, backend_for
 from launch.config import Config, load_config
 from launch.dryrun.fake_world import Collective, CollectiveLog, fake_allreduce_hook, fake_world, is_fake_world
-from launch.engine import engine_class
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
-from launch.run.setup import _accum_steps, _fit_micro_batch
+from launch.run.setup import _accum_steps
 from launch.runtime.process_group import DistEnv
 from models import GPT
 from orscale.distributed.owners import OwnerMuonFamily
 
-# What the fake world cannot run, and why (the one line the dry run gives for it).
-UNSUPPORTED = {
-    "zero1": "DeepSpeed builds and runs forward/backward on the fake group, but its ZeRO step reads "
+# The backends the fake world cannot run, by family, and why (the one line the dry run gives for them).
+UNSUPPORTED: dict[type[Backend], str] = {
+    ZeroBackend: "DeepSpeed builds and runs forward/backward on the fake group, but its ZeRO step reads "
     "the gradient norm's value (stage_1_and_2.py: is_invalid_grad_norm) and our layout check compares "
     "partition values (orscale/distributed/zero.py: bind), which fake tensors do not have",
 }
-UNSUPPORTED["zero2"] = UNSUPPORTED["zero1"]
+
+
+def unsupported(backend: str) -> str | None:
+    """Why the fake world cannot run `parallel.backend`, or None when it can."""
+    return next((why for kind, why in UNSUPPORTED.items() if isinstance(backend_for(backend), kind)), None)
 
 
 @dataclass
@@ -46,7 +50,7 @@ class DryRun:
     """One rank's dry run. Lists are per global rank (bytes, FLOPs); the scalars are this rank's."""
 
     config: str
-    backend: str  # ddp | fsdp | hsdp
+    backend: str  # parallel.backend: ddp | fsdp (HSDP where replicate > 1)
     world: int
     replicate: int
     rank: int
@@ -124,12 +128,13 @@ def bytes_on_every_rank(tensors: Iterable[Tensor], world: int) -> list[int]:
 def _config(path: str | Path, world: int, replicate: int, backend: str | None, overrides: list[str]) -> Config:
     extra = [f"parallel.dp_replicate={replicate}"] if replicate > 1 else []
     cfg = load_config(str(path), [*overrides, *([f"parallel.backend={backend}"] if backend else []), *extra])
-    if cfg.parallel.backend in UNSUPPORTED:
+    why = unsupported(cfg.parallel.backend)
+    if why is not None:
+        raise ConfigError(f"the dry run cannot run parallel.backend={cfg.parallel.backend}: {why}")
+    if not backend_for(cfg.parallel.backend).many_processes and world > 1:
         raise ConfigError(
-            f"the dry run cannot run parallel.backend={cfg.parallel.backend}: {UNSUPPORTED[cfg.parallel.backend]}"
+            f"parallel.backend={cfg.parallel.backend} runs one process; pass --backend fsdp or ddp for {world} ranks"
         )
-    if cfg.parallel.backend == "none" and world > 1:
-        raise ConfigError(f"parallel.backend=none runs one process; pass --backend fsdp or ddp for {world} ranks")
     return cfg
 
 
@@ -175,20 +180,21 @@ def step_rank(
     cfg = _config(config, world, replicate, backend, list(overrides))
     par, train = cfg.parallel, cfg.train
     model_cfg = cfg.model.resolve()
-    engine_type = engine_class(par.backend)
+    chosen = backend_for(par.backend)
+    engine_type = chosen.engine_class()
     engine_type.check_config(par, cfg.optim)
-    _fit_micro_batch(train, cfg.data.seq_len, world)
     accum = _accum_steps(train, cfg.data.seq_len, world)
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
-    if par.param_dtype == "auto" and par.backend == "fsdp":
+    if par.param_dtype == "auto" and chosen.shards_parameters:
         par.param_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"  # fsdp_mixed_precision on CUDA
     if cfg.optim.ns_dtype == "auto":
         cfg.optim.ns_dtype = "bf16"  # what the Muon family picks on CUDA
     if par.compile != "none":
         notes.append(f"parallel.compile={par.compile}: inductor's partition of each graph, run eager")
-        if par.backend == "ddp":  # dynamo's DDPOptimizer trips on fake tensors
+        if isinstance(chosen, DDPBackend):  # dynamo's DDPOptimizer trips on fake tensors
             notes.append("DDP's compiled graphs are not split at bucket boundaries (dynamo's optimize_ddp off)")
-    env = DistEnv(rank, world, rank % min(gpus_per_node, world), torch.device("cpu"), par.backend)
+    local = min(gpus_per_node, world)
+    env = DistEnv(rank, world, rank % local, torch.device("cpu"), par.backend, local)
     with _compiled_without_codegen():
         engine = engine_type(model_cfg, par, cfg.optim, train, env, dtype, accum)
     assert isinstance(engine, TorchEngine)  # ZeRO was refused above (UNSUPPORTED)
@@ -205,7 +211,7 @@ def step_rank(
     hook = engine.module.register_forward_hook(
         lambda *_: at_forward_end.update(_totals(tracker.get_tracker_snapshot("current")))
     )
-    with tracker, torch._dynamo.config.patch(optimize_ddp=par.compile == "none" or par.backend != "ddp"):
+    with tracker, torch._dynamo.config.patch(optimize_ddp=par.compile == "none" or not isinstance(chosen, DDPBackend)):
         log.phase = "forward/backward"
         engine.forward_backward(batch, last_micro_batch=True)
         forward_backward_peak = _totals(tracker.get_tracker_snapshot("peak"))["Total"]
@@ -219,14 +225,14 @@ def step_rank(
     opt_state = bytes_on_every_rank(states, world)
     result = DryRun(
         config=Path(config).stem,
-        backend="hsdp" if par.dp_replicate > 1 else par.backend,
+        backend=par.backend,
         world=world,
         replicate=par.dp_replicate,
         rank=rank,
         micro_batch=train.micro_batch_size,
         seq_len=cfg.data.seq_len,
         accum=accum,
-        param_dtype=par.param_dtype if par.backend == "fsdp" else "fp32",
+        param_dtype=par.param_dtype if chosen.shards_parameters else "fp32",
         reshard=_reshards(engine.model),
         params=[storage_bytes(params)] * world,  # FSDP2 pads every rank's shard to the largest
         grads=[grads] * world,

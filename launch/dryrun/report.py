@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launch.backends import BACKENDS, backend_for
 from launch.config import load_config
 from launch.dryrun.measure import UNSUPPORTED, DryRun
 
 GIB, MIB, GB, MB = 2**30, 2**20, 1e9, 1e6
-LAYOUTS = ("fsdp", "hsdp", "ddp")
+# The table's layouts, in its order: (parallel.backend, replicated across nodes: HSDP).
+LAYOUTS: tuple[tuple[str, bool], ...] = (("fsdp", False), ("fsdp", True), ("ddp", False))
 
 
 def _spread(values: list, scale: float, fmt: str = ",.2f") -> str:
@@ -18,9 +20,9 @@ def _spread(values: list, scale: float, fmt: str = ",.2f") -> str:
 
 
 def _layout(r: DryRun) -> str:
-    if r.backend == "hsdp":
+    if r.replicate > 1:
         return f"HSDP {r.replicate} x {r.world // r.replicate}"
-    return {"fsdp": "FSDP2", "ddp": "DDP", "none": "one process"}[r.backend] + f" over {r.world}"
+    return backend_for(r.backend).label + f" over {r.world}"
 
 
 def describe(r: DryRun) -> str:
@@ -33,7 +35,7 @@ def describe(r: DryRun) -> str:
         f"dry run of {r.config}: {_layout(r)} ranks; rank {r.rank} set up and stepped on a fake process group "
         f"in {r.seconds:.1f} s",
         f"micro-batch {r.micro_batch} x {r.seq_len}, {r.accum} per step; "
-        + (flags if r.backend in ("fsdp", "hsdp") else "DDP: fp32 parameters, bf16 autocast"),
+        + (flags if backend_for(r.backend).shards_parameters else "DDP: fp32 parameters, bf16 autocast"),
         *[f"note: {n}" for n in r.notes],
         "",
         "per rank                              min / mean / max over ranks",
@@ -93,4 +95,9 @@ def table_row(r: DryRun) -> str:
 
 
 def unsupported_rows() -> list[str]:
-    return [f"ZeRO-1/2 (`parallel.backend={b}`): not run; {why}." for b, why in UNSUPPORTED.items() if b == "zero2"]
+    """A line for each family of backends the dry run cannot run, naming its last backend (ZeRO-1/2: zero2)."""
+    rows = []
+    for kind, why in UNSUPPORTED.items():
+        last = [name for name, cls in BACKENDS.items() if issubclass(cls, kind)][-1]
+        rows.append(f"ZeRO-1/2 (`parallel.backend={last}`): not run; {why}.")
+    return rows

@@ -1,6 +1,7 @@
-"""The one training-engine interface. Each parallelism backend implements it in a class of its own
-(`torch_engine.TorchEngine`: none | ddp | fsdp; `deepspeed_engine.DeepSpeedEngine`: zero1 | zero2),
-so the training loop (`launch.loop`) holds no backend branch; one batch through it: ARCHITECTURE.md, "One batch".
+"""The one training-engine interface. Each parallelism backend (launch/backends/) names the class that
+implements it for it (`torch_engine.TorchEngine` for the PyTorch-native ones,
+`deepspeed_engine.DeepSpeedEngine` for ZeRO), so the training loop (`launch.loop`) holds no backend
+branch; one batch through it: ARCHITECTURE.md, "One batch".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DeepSpeed ZeRO-1/2 engine (``parallel.backend`` = ``zero1`` | ``zero2``): `launch.engine.base.Engine`
+"""The DeepSpeed ZeRO-1/2 engine (launch/backends/zero.py): `launch.engine.base.Engine`
 over DeepSpeed's engine with ``orscale.distributed.zero.ZeroShardedOptimizer`` (AdamW on flat partitions, the Muon
 family on whole matrices at an owner rank), so that it matches a single-process run of ``build_optimizers``.
 
@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.profiler import record_function
 
+from launch.backends import ZeroBackend, backend_for, names_of
 from launch.checkpoint.async_writer import host_copy
 from launch.checkpoint.portable import MODEL, STATE, ZERO_FORMAT, ZERO_META, ZERO_TAG, FromRank0, dcp_entries
 from launch.config import ParallelConfig, TrainConfig
@@ -32,7 +33,7 @@ from launch.errors import ConfigError
 from models import GPT, GPTConfig
 from models.centered_linear import CenteredLinear
 from orscale import OptimConfig, set_lr
-from orscale.distributed.zero import ZERO_OPTIMIZERS, ZeroShardedOptimizer
+from orscale.distributed.zero import ZeroShardedOptimizer
 from orscale.distributed.zero_checkpoint import (
     LogicalState,
     load_zero_state,
@@ -46,19 +47,17 @@ TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine w
 
 
 def zero_stage(backend: str) -> int:
-    return {"zero1": 1, "zero2": 2}[backend]
+    """DeepSpeed's ZeRO stage of `parallel.backend` (a ZeRO backend: `check_zero_config`)."""
+    stage = backend_for(backend).zero_stage
+    if stage is None:
+        raise ConfigError(f"DeepSpeedEngine needs parallel.backend {names_of(ZeroBackend)}, got {backend!r}")
+    return stage
 
 
 def check_zero_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
     """Cheap checks, before any work: one-line ConfigError for what ZeRO cannot run."""
-    backend = parallel.backend
-    if backend not in ("zero1", "zero2"):
-        raise ConfigError(f"DeepSpeedEngine needs parallel.backend zero1 or zero2, got {backend!r}")
-    if optim.name not in ZERO_OPTIMIZERS:
-        raise ConfigError(
-            f"parallel.backend={backend} cannot run optim.name={optim.name!r}: ZeRO-1/2 supports "
-            f"{', '.join(ZERO_OPTIMIZERS)}; use parallel.backend=ddp or fsdp for it"
-        )
+    zero_stage(parallel.backend)
+    backend_for(parallel.backend).check_optimizer(optim)
 
 
 def ds_config(

@@ -4,7 +4,6 @@ HSDP) or DDP, activation checkpointing and torch.compile (per block plus the hea
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -13,7 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from launch.backends import backend_for
 from launch.config import ParallelConfig
+from launch.environment import EnvFacts
 from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 
@@ -37,7 +38,7 @@ def build_model(
     `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`, which traces
     the same graphs without generating kernels)."""
     torch.manual_seed(seed)
-    meta_init = parallel.backend == "fsdp" and parallel.meta_init
+    meta_init = backend_for(parallel.backend).meta_init(parallel)
     with torch.device("meta" if meta_init else env.device):
         model = GPT(model_cfg) if meta_init else GPT(model_cfg, seed=seed)
     _apply(model, parallel, env, dtype, compile_backend)
@@ -79,19 +80,25 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
             _compile_forward(block, compile_backend)
         # The head and the loss too: eager, its chunk loop is ~14 passes over each chunk of logits.
         _compile_method(model, "head_loss", compile_backend)
-    if parallel.backend == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        mp = fsdp_mixed_precision(parallel.param_dtype, dtype, env.device)
-        reshard = reshard_after_forward(parallel.reshard_after_forward, parallel.dp_shard)
-        mesh = data_parallel_mesh(parallel, env)
-        for block in model.blocks:
-            # `true`: the last block's params are needed right away in backward: don't reshard them.
-            last = block is model.blocks[-1]
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    backend_for(parallel.backend).shard(model, parallel, env, dtype)
     if compile_mode == "model":
         _compile_forward(model, compile_backend)
+
+
+def shard_fsdp(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
+    """FSDP2 (`fully_shard`) on each block, then on the whole model (the embedding, the head): on the
+    1-D world or HSDP's 2-D mesh (`data_parallel_mesh`), in `parallel.param_dtype`."""
+    from torch.distributed.fsdp import fully_shard
+
+    mp = fsdp_mixed_precision(parallel.param_dtype, dtype, env.device)
+    local = env.local_world_size or env.world_size
+    reshard = reshard_after_forward(parallel.reshard_after_forward, parallel.dp_shard, env.world_size, local)
+    mesh = data_parallel_mesh(parallel, env)
+    for block in model.blocks:
+        # `true`: the last block's params are needed right away in backward: don't reshard them.
+        last = block is model.blocks[-1]
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
 
 
 def _compile_forward(module: nn.Module, backend: str) -> None:
@@ -108,16 +115,21 @@ def _compile_method(module: nn.Module, name: str, backend: str) -> None:
     setattr(module, name, torch.compile(getattr(module, name), backend=backend, dynamic=False))
 
 
-def reshard_after_forward(setting: str | bool, shard_size: int | None = None) -> bool:
+def reshard_after_forward(
+    setting: str | bool, shard_size: int | None = None, world: int | None = None, local_world: int | None = None
+) -> bool:
     """`parallel.reshard_after_forward` (auto | true | false) as FSDP2's flag. auto: keep the
     gathered params until backward (no second all-gather) when the shard group is one node, where
     memory is the cheaper resource; reshard when it spans nodes, where the all-gather is the costly
     one and memory per GPU is what limits the model. `shard_size`: ranks a parameter is sharded over
-    (HSDP's parallel.dp_shard; default the world); one node holds torchrun's LOCAL_WORLD_SIZE."""
+    (HSDP's parallel.dp_shard; default the world); one node holds `local_world` of the `world` ranks
+    (default: this launch's, `EnvFacts.from_env`)."""
     if setting != "auto":
         return setting in ("true", True)  # ParallelConfig turns YAML booleans into "true"/"false"
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < (shard_size or world)
+    if world is None or local_world is None:
+        facts = EnvFacts.from_env()
+        world, local_world = facts.world_size, facts.local_world_size
+    return local_world < (shard_size or world)
 
 
 def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh:

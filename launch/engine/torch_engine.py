@@ -1,5 +1,6 @@
-"""The PyTorch-native engine: one process, DDP or FSDP2 (`parallel.backend` = none | ddp | fsdp). The
-model is built and parallelised by `parallelize`, the optimizers by `orscale.build_optimizers`, and
+"""The PyTorch-native engine: one process, DDP or FSDP2 (launch/backends/torch_native.py). The model
+is built and parallelised by `parallelize` as its backend says, the optimizers by `orscale.build_optimizers`
+at the backend's placement, and
 checkpoints go through `torch.distributed.checkpoint` (`dcp/`, loadable at any world size)."""
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from launch.backends import backend_for
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_optimizer_state, read_weights
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
-from launch.engine.parallelize import build_model, drops_gradients, no_sync, wrap_ddp
+from launch.engine.parallelize import build_model, drops_gradients, no_sync
 from launch.engine.spikes import SpikeGuard
+from launch.errors import ConfigError
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
 from orscale.factories import adamw_implementation
@@ -31,13 +34,15 @@ class TorchEngine(Engine):
     """PyTorch-native data parallelism: one process, DDP or FSDP2."""
 
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
-        env, backend = self.env, parallel.backend
+        env, backend = self.env, backend_for(parallel.backend)
+        if backend.optimizer_placement is None:  # a backend with a client optimizer of its own (ZeRO)
+            raise ConfigError(f"TorchEngine cannot run parallel.backend={backend.name}; use its own engine")
         self._model = build_model(model_cfg, parallel, train.seed, env, self.dtype)
-        self.module = wrap_ddp(self._model, env) if backend == "ddp" else self._model
+        self.module = backend.wrap(self._model, env)
         self.optimizers = build_optimizers(
             self._model,
             optim,
-            backend=backend,
+            backend.optimizer_placement,
             mode=parallel.muon_mode,
             replica_split=parallel.muon_replica_split,
             overlap=parallel.muon_overlap,

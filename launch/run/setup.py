@@ -141,18 +141,6 @@ class Run:
         self.lock.release()
 
 
-def _fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> None:
-    """A micro-batch larger than a rank's share of the step is set to the share (one log line):
-    the tiny default's 16 sequences per micro-batch on 2 ranks, each holding 8 of a step's 16."""
-    share = train.tokens_per_step // seq_len // world_size
-    if train.micro_batch_size > share >= 1:
-        log.info(
-            f"train.micro_batch_size {train.micro_batch_size} is more than a rank's share of a step "
-            f"({share} sequences on {world_size} ranks): using {share}"
-        )
-        train.micro_batch_size = share
-
-
 def step_shape(world_size: int, accum_steps: int, micro_batch: int, seq_len: int) -> str:
     """'2 ranks x 1 micro-batch of 8 x 128 per step': how a step's sequences are laid out."""
     ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
@@ -215,7 +203,8 @@ def setup_run(cfg: Config) -> Run:
         log.warning(line)
     check_memory_snapshot(cfg.train, env.device)
     tf32 = set_tf32(cfg.train.tf32, env.device)
-    _fit_micro_batch(cfg.train, cfg.data.seq_len, env.world_size)
+    for note in cfg.notes:  # what launch.config.resolve derived (a micro-batch fitted to a rank's share)
+        log.info(note)
     accum_steps = _accum_steps(cfg.train, cfg.data.seq_len, env.world_size)
 
     # ---- data: tokenizer, fixed validation set, this rank's logical shards of the stream after it

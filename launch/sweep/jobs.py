@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launch.backends import BACKENDS
 from launch.sweep.slurm import Job, render
 from launch.sweep.spec import ROOT, Cell, SpecError, Sweep
 from records.read import read_run
@@ -24,9 +25,10 @@ def train_argv(cell: Cell, nproc: int) -> list[str]:
 
 
 def in_process(cell: Cell, nproc: int) -> bool:
-    # One process without a process group: calling train.main saves ~2 s of interpreter and
-    # torch start-up per cell, which dominates a CPU mini-sweep.
-    return nproc == 1 and cell.value("parallel.backend", "none") == "none"
+    # One process without a process group (the backend's own answer; unset: none): calling
+    # train.main saves ~2 s of interpreter and torch start-up per cell, which dominates a CPU mini-sweep.
+    name = cell.value("parallel.backend")
+    return nproc == 1 and (name is None or (name in BACKENDS and not BACKENDS[name].process_group))
 
 
 def _child_env() -> dict[str, str]:

@@ -56,13 +56,13 @@ def test_adamw_auto_avoids_fused_on_dtensors_only_where_torch_leaks() -> None:
 
 # ---------------------------------------------------------------- the attention kernel
 def test_attention_auto_takes_the_backend_measured_on_the_board(monkeypatch: pytest.MonkeyPatch, cuda: None) -> None:
-    import launch.config as config
+    import launch.environment as environment
     from launch.runtime import attention
 
     monkeypatch.setattr(attention, "MEASURED_FASTEST", ((r"H200", "cudnn"),))
-    monkeypatch.setattr(config, "_cuda_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(environment, "_cuda_device_name", lambda: "NVIDIA H200")
     assert load_config(None).train.attention == "cudnn"
-    monkeypatch.setattr(config, "_cuda_device_name", lambda: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(environment, "_cuda_device_name", lambda: "NVIDIA A100-SXM4-80GB")
     assert load_config(None).train.attention == "default"  # not measured there: torch's order
     assert load_config(None, ["train.attention=flash"]).train.attention == "flash"
     assert load_config(None, ["train.device=cpu"]).train.attention == "default"
