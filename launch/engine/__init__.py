@@ -1,6 +1,6 @@
 """Training engines: the interface (`base.Engine`), one class per backend (`torch_engine`,
-`deepspeed_engine`), the registry that picks one (`registry`), the parallelism applied from outside
-the model (`parallelize`) and the optional loss-spike guard (`spikes`)."""
+`deepspeed_engine`), the registry that picks one (`registry`) and the parallelism applied from outside
+the model (`parallelize`)."""
 
 from launch.engine.base import Engine
 from launch.engine.registry import engine_class
