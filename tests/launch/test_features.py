@@ -28,7 +28,9 @@ def _names(*overrides: str) -> list[str]:
 
 def test_the_registry_builds_the_features_a_config_enables_in_its_order():
     default = _names()
-    assert default == [name for name, _, _ in FEATURES if name not in ("window_audit", "downstream")]
+    assert default == [name for name, _, _ in FEATURES if name in default]  # the registry's order
+    assert {"preemption", "divergence", "metrics", "validation", "checkpointing"} <= set(default)
+    assert "window_audit" not in default and "downstream" not in default  # off unless asked for
     assert "stall_watch" not in _names("train.stall_dump_s=0")
     with_audit = _names("train.record_windows=true")
     assert with_audit.index("window_audit") == with_audit.index("reader_failure") + 1
