@@ -17,6 +17,7 @@ from launch.features.preemption import Preemption
 from launch.features.profiling import Profiling
 from launch.features.progress import ProgressReport
 from launch.features.reader_failure import ReaderFailure
+from launch.features.sample import Sample
 from launch.features.stall_watch import StallWatching
 from launch.features.validation import Validation
 from launch.features.window_audit import WindowAuditing
@@ -34,6 +35,7 @@ FEATURES: tuple[tuple[str, Callable[[Config], bool], type[Feature]], ...] = (
     ("metrics", ALWAYS, Metrics),
     ("validation", ALWAYS, Validation),
     ("downstream", lambda cfg: bool(cfg.eval.tasks), Downstream),
+    ("sample", lambda cfg: cfg.train.sample.every > 0, Sample),
     ("checkpointing", ALWAYS, Checkpointing),
 )
 
