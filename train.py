@@ -3,8 +3,8 @@
     python train.py --config configs/tiny.yaml [section.key=value ...]
     torchrun --nproc_per_node=N train.py --config configs/125m.yaml
 
-The loop itself is `launch/loop.py` (`train(cfg)`: setup, then step / log / evaluate / checkpoint,
-the same for every backend); the setup is `launch/run/setup.py`.
+`train(cfg)` is in `launch/loop.py`: it builds the trainer (`launch/run/build.py`), whose one loop, the
+same for every backend, is step, the loop features' hooks (`launch/features/`), save (`launch/trainer.py`).
 """
 
 import sys

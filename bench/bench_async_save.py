@@ -7,12 +7,13 @@ steps that train while a write is in flight, and the host memory the staging cos
 Each mode is one real run (`python` for one process, `torchrun --standalone` for 2 ranks, FSDP2) of
 configs/tiny.yaml with the model preset given, `--steps` steps of 4 windows of 128 tokens,
 checkpoints every `--every` steps (the last step's save is synchronous in both modes and not
-counted). Every rank records, in-process, when each step ended, how long each `Run.save` call held
-the loop, when each background write ran (launch.checkpoint.async_writer.BackgroundWrite) and its
-resident memory every 10 ms. Reported per interval save: blocked sync / blocked async / background
-write (slowest rank); the steps trained while a write was in flight, async against the same steps of
-the sync run (slowest rank; the save's own time taken out); the peak RSS from the first save until
-the last step's save, against the peak of the steps before the first save (largest rank).
+counted). Every rank records, in-process, when each step ended, how long each save
+(`Checkpointing.write`) held the loop, when each background write ran
+(launch.checkpoint.async_writer.BackgroundWrite) and its resident memory every 10 ms. Reported per
+interval save: blocked sync / blocked async / background write (slowest rank); the steps trained
+while a write was in flight, async against the same steps of the sync run (slowest rank; the save's
+own time taken out); the peak RSS from the first save until the last step's save, against the peak of
+the steps before the first save (largest rank).
 """
 
 from __future__ import annotations
@@ -55,19 +56,19 @@ class _Recorder:
 
     def install(self) -> None:
         from launch.checkpoint.async_writer import BackgroundWrite
+        from launch.features.checkpointing import Checkpointing
         from launch.run.profiling import StepTracing
-        from launch.run.setup import Run
 
-        rec, step_of_tracing, save, run_write = self, StepTracing.step, Run.save, BackgroundWrite._run
+        rec, step_of_tracing, save, run_write = self, StepTracing.step, Checkpointing.write, BackgroundWrite._run
 
         def traced_step(tracing: Any, step: int) -> None:
             rec.step_end[step] = time.perf_counter()
             step_of_tracing(tracing, step)
 
-        def timed_save(run: Any, wait: bool = False) -> Any:
+        def timed_save(feature: Any, trainer: Any, wait: bool = False) -> Any:
             started = time.perf_counter()
-            out = save(run, wait)
-            rec.saves.append({"step": run.state.step, "start": started, "end": time.perf_counter()})
+            out = save(feature, trainer, wait)
+            rec.saves.append({"step": trainer.state.step, "start": started, "end": time.perf_counter()})
             return out
 
         def timed_write(write: Any, work: Any) -> None:
@@ -75,7 +76,7 @@ class _Recorder:
             run_write(write, work)
             rec.writes.append({"step": write.step, "start": started, "end": time.perf_counter()})
 
-        StepTracing.step, Run.save, BackgroundWrite._run = traced_step, timed_save, timed_write  # type: ignore[method-assign]
+        StepTracing.step, Checkpointing.write, BackgroundWrite._run = traced_step, timed_save, timed_write  # type: ignore[method-assign]
 
     def result(self) -> dict[str, Any]:
         self._done.set()

@@ -23,8 +23,8 @@ from launch.errors import ConfigError
 from launch.runtime.attention import attention_context
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 from models import GPT, GPTConfig
-from models.centered_linear import update_means
 from orscale import OptimConfig
+from orscale.cbp import Centring
 
 
 def checkpoint_layout(path: Path) -> dict[str, Any]:
@@ -55,8 +55,13 @@ class Engine(ABC):
     ) -> None:
         self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
         self.attention = train.attention  # the SDPA backend (launch/engine/attention.py)
-        self._step_loss = torch.zeros((), device=env.device)  # this rank's loss of the current step
+        self._skip_update: Callable[[Tensor], bool] | None = None
         self._build(model_cfg, parallel, optim, train)
+        world = env.world_size
+        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
+        # CBP's M2 where the model centres a layer's input (orscale/cbp.py owns the step): one
+        # all-reduce per centred layer, and the bias transported on the rows this rank holds.
+        self.centring = Centring.of(self.model, average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
 
     @abstractmethod
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
@@ -96,15 +101,18 @@ class Engine(ABC):
                 loss = self.module(batch[:, :-1], batch[:, 1:]) / self.accum_steps
             with record_function("backward"):
                 self._backward(loss)
-        self._step_loss += loss.detach()
         return loss.detach()
 
-    def _update_centring(self) -> None:
-        """CBP's M2 after the step: every rank's input mean averaged (one all-reduce per centred
-        layer), the EMA mean moved and the bias transported on the rows this rank holds."""
-        world = self.env.world_size
-        average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
-        update_means(self.model, average=average, local=lambda t: t.to_local() if hasattr(t, "to_local") else t)
+    def skip_updates(self, decide: Callable[[Tensor], bool]) -> None:
+        """From now on `step` asks `decide(grad_norm)` (the step's global raw gradient norm, on
+        every rank) whether to skip the step's update: the spike guard (launch/features/divergence.py)."""
+        self._skip_update = decide
+
+    def after_update(self) -> None:
+        """What every rank runs after each optimizer update, whether or not it was skipped: CBP's M2
+        where the model has centred layers."""
+        if self.centring is not None:
+            self.centring.after_step()
 
     @abstractmethod
     def _accumulating(self, last_micro_batch: bool) -> AbstractContextManager: ...

@@ -28,10 +28,8 @@ from launch.checkpoint.portable import MODEL, STATE, ZERO_FORMAT, ZERO_META, ZER
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine, checkpoint_layout
 from launch.engine.parallelize import build_model
-from launch.engine.spikes import SpikeGuard
 from launch.errors import ConfigError
 from models import GPT, GPTConfig
-from models.centered_linear import CenteredLinear
 from orscale import OptimConfig, set_lr
 from orscale.distributed.zero import ZeroShardedOptimizer
 from orscale.distributed.zero_checkpoint import (
@@ -136,13 +134,10 @@ class DeepSpeedEngine(Engine):
         self.module = self._ds  # what forward and evaluation run on
         self.optimizer.bind(self._ds.optimizer, optim.grad_clip)
         self._micro = 0
-        self._centred_biases = {
-            f"{name}.bias" for name, mod in model.named_modules() if isinstance(mod, CenteredLinear)
-        }
-        self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
-        if self.spikes is not None:  # decided inside DeepSpeed's step, once its global norm exists
-            spikes = self.spikes
-            self.optimizer.skip_update = lambda norm: spikes.is_spike(self._step_loss, norm)
+
+    def skip_updates(self, decide: Callable[[torch.Tensor], bool]) -> None:
+        """Decided inside DeepSpeed's step, once its global norm exists (the client optimizer asks)."""
+        self.optimizer.skip_update = decide
 
     @property
     def model(self) -> GPT:
@@ -175,10 +170,8 @@ class DeepSpeedEngine(Engine):
         set_lr([self.optimizer], lr)  # the AdamW groups at optim.adamw_lr's share of it
         self.optimizer.begin_step()
         self._ds.step()
-        if self.model.cfg.center_mlp:
-            self._update_centring()
+        self.after_update()
         self._micro = 0
-        self._step_loss = torch.zeros_like(self._step_loss)
         return self._ds.get_global_grad_norm()
 
     @torch.no_grad()
@@ -191,17 +184,17 @@ class DeepSpeedEngine(Engine):
             for name, tensor in own.items():
                 tensor.copy_(fh.get_tensor(name))
 
-    def _update_centring(self) -> None:
+    def after_update(self) -> None:
         """M2 on the whole weights every rank holds (after DeepSpeed copied the updated master
         partitions back), then the transported biases into the master partitions, the copy the
         next step starts from."""
-        super()._update_centring()
-        self.optimizer.copy_from_model(self.model, self._centred_biases)
+        super().after_update()
+        if self.centring is not None:
+            self.optimizer.copy_from_model(self.model, self.centring.biases)
 
     def diagnostics(self) -> dict[str, float]:
         """Same ``diag/...`` keys as ``orscale.collect_diagnostics``. Collective (every rank)."""
-        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
-        return {**self.optimizer.diagnostics(), **extra}
+        return self.optimizer.diagnostics()
 
     def save(self, directory: Path) -> None:
         """Collective. Each rank's optimizer state under zero/ (by parameter name), and (rank 0) the

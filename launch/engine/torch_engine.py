@@ -21,7 +21,6 @@ from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_opti
 from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, drops_gradients, no_sync
-from launch.engine.spikes import SpikeGuard
 from launch.errors import ConfigError
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
@@ -52,7 +51,6 @@ class TorchEngine(Engine):
         self._adamw_impl = optim.fused
         self._checkpoint = ModelAndOptimizers(self.module, self.optimizers)
         self._drop_grads = drops_gradients(self.module)
-        self.spikes = SpikeGuard(train.spike_window, train.spike_sigma, env.world_size) if train.skip_spikes else None
 
     @property
     def model(self) -> GPT:
@@ -69,19 +67,16 @@ class TorchEngine(Engine):
         set_lr(self.optimizers, lr)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
-        skip = self.spikes is not None and self.spikes.is_spike(self._step_loss, norm)
+        skip = self._skip_update is not None and self._skip_update(norm)
         for opt in self.optimizers:
             if not skip:
                 opt.step()
             opt.zero_grad(set_to_none=self._drop_grads)
-        if self.model.cfg.center_mlp:
-            self._update_centring()
-        self._step_loss = torch.zeros_like(self._step_loss)
+        self.after_update()
         return norm
 
     def diagnostics(self) -> dict[str, float]:
-        extra = {"skipped_steps": self.spikes.skipped} if self.spikes is not None else {}
-        return {**collect_diagnostics(self.optimizers), **extra}
+        return collect_diagnostics(self.optimizers)
 
     def save(self, directory: Path) -> None:
         self._checkpoint.save(directory)

@@ -1,1 +1,2 @@
-"""One training run: its setup, run directory, resume point, lock, and what it measures and prints."""
+"""One training run: its build (a Trainer from the config), checks, run directory, resume point, lock,
+and what it measures and prints."""

@@ -67,6 +67,12 @@ class StepMeter:
         """A micro-batch's share of its step's mean loss (device tensor: no host sync)."""
         self._step_loss += loss
 
+    @property
+    def step_loss(self) -> Tensor:
+        """This rank's loss of the step running, its micro-batches so far: the run's one accumulator of it
+        (the spike guard reads it before the update)."""
+        return self._step_loss
+
     def end_step(self, step: int, grad_norm: Any, tokens: int, data_wait_s: float) -> None:
         """`tokens`: the step's global tokens; `data_wait_s`: this rank's wait for its batch."""
         norm = torch.as_tensor(grad_norm, device=self.env.device).reshape(())

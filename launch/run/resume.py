@@ -35,6 +35,7 @@ QUIET = (
     *(f"config.train.{k}" for k in ("log_every", "eval_every", "ckpt_every", "ckpt_at", "progress")),
     "config.train.profile.",  # traces and snapshots observe the run; they change nothing in it
     "config.train.memory_snapshot.",
+    "config.train.sample.",  # a generated sample reads the model; it changes nothing in training
     *(f"config.data.{k}" for k in ("encode_batch_docs", "val_batch_size", "prefetch_steps")),
     "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
     "config.parallel.compile",

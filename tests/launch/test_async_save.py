@@ -139,19 +139,22 @@ def test_the_staged_copy_is_the_state_at_its_step_whatever_training_does_meanwhi
 
 
 def test_the_runs_saves_go_to_the_background_but_a_stop_or_the_last_step_waits_for_every_write(tmp_path):
-    """launch.run.setup.Run.save with run.async_save: an interval save returns with its write in
-    flight; a stop signal's save (wait=True, as the loop makes it on SIGTERM) first waits for that
-    write, then writes its own before returning, as the last step's save does: nothing in flight."""
+    """launch.trainer.Trainer.save (launch.features.checkpointing) with run.async_save: an interval save
+    returns with its write in flight; a stop signal's save (wait=True, as the loop makes it on SIGTERM)
+    first waits for that write, then writes its own before returning, as the last step's save does:
+    nothing in flight."""
     from types import SimpleNamespace
 
     from launch.config import load_config
-    from launch.run.setup import Run
+    from launch.features.checkpointing import Checkpointing
+    from launch.trainer import Trainer
     from tests.helpers import SMALL, TINY
 
     model, opt = _model()
     gate = threading.Event()
-    run = Run.__new__(Run)  # the fields Run.save reads; the rest of a run is not needed here
+    run = Trainer.__new__(Trainer)  # the fields a save reads; the rest of a run is not needed here
     run.cfg = load_config(TINY, [*SMALL, f"run.dir={tmp_path}", "run.async_save=true", "train.max_steps=9"])
+    run.features = [Checkpointing(run.cfg)]
     run.checkpointer = _checkpointer(tmp_path, _Gated(ModelAndOptimizers(model, [opt]), gate))
     run.meter, run.meta = SimpleNamespace(divergence=lambda: None), {}
     run.state = SimpleNamespace(step=3, tokens=0)

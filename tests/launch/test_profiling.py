@@ -81,24 +81,25 @@ def test_an_out_of_memory_step_dumps_its_snapshot_before_the_one_line_error(tmp_
     cfg = _cfg(tmp_path, "train.memory_snapshot.enabled=true", "train.memory_snapshot.skip_first=5")
     tracing = StepTracing(cfg.train, tmp_path, 0, torch.device("cuda"), steps_left=10)
 
-    class StandInRun:  # what train() touches of a Run on this path
-        def __init__(self) -> None:
-            self.tracing = tracing
+    class StandInTrainer:  # what train() touches of a Trainer on this path
+        running = 0
+
+        def fit(self):
+            self.running = 1
+            raise torch.OutOfMemoryError(OOM_TEXT)
+
+        def out_of_memory(self, err):
+            return tracing.out_of_memory(err, self.running)
 
         def close(self) -> None:
             tracing.close()
-
-    def first_step_runs_out(run, watch):
-        watch.beat(1)
-        raise torch.OutOfMemoryError(OOM_TEXT)
 
     def report(err, rank, *args):
         fake_cuda.append(("error line",))
         real_report(err, rank, *args)
 
     real_report = loop.report_user_error
-    monkeypatch.setattr(loop, "setup_run", lambda cfg: StandInRun())
-    monkeypatch.setattr(loop, "_loop", first_step_runs_out)
+    monkeypatch.setattr(loop, "build_trainer", lambda cfg: StandInTrainer())
     monkeypatch.setattr(loop, "report_user_error", report)
     code = loop.main(["--config", TINY, *SMALL, f"run.dir={tmp_path}", "train.memory_snapshot.enabled=true"])
     snapshot = tmp_path / "memory_snapshot" / "oom_step_1" / "rank0.pickle"

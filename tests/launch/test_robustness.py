@@ -17,7 +17,7 @@ import pytest
 from launch import checkpoint as ckpt
 from launch.checkpoint.dcp_safe import UnsafeCheckpointError, load_metadata
 from launch.checkpoint.manifest import write_manifest
-from launch.engine.spikes import SpikeGuard
+from launch.features.divergence import SpikeGuard
 from launch.loop import main as train_main
 from tests.helpers import ROOT, SMALL, TINY, env, metrics, train_cmd, train_in_pool, train_losses
 

@@ -1,0 +1,72 @@
+"""The one interface of a loop feature: a concern of the training loop (metrics, validation, checkpoints,
+the stop signal, ...) in one class, called by `launch.trainer.Trainer` through the hooks below, each a
+no-op here. A feature decides itself when it acts (its own policy: `train.eval_every`, `train.ckpt_every`,
+...), holds what it builds, and gives it back in `close()`. The features run in the order of
+`launch.features.registry.FEATURES`, which is the order of their hooks' effects (log lines, records).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from launch.config import Config
+    from launch.trainer import Trainer
+
+
+class Feature:
+    """A loop feature. The hooks, in the order one step calls them: `before_step` (the step about to
+    run), `read` (whether this rank's read of its windows failed), `batch` (the windows, before the
+    forward), `after_step` (the update is done: `trainer.state.step` is the step), `metrics` and `log`
+    (a logging step: the values a feature adds to the record, then the record as written),
+    `evaluate`, `end_step`, `should_stop`, `save`; `start` before the first step, `finish` after the
+    last, `close` always (also after an error, and when `start` never ran). A feature is made from
+    the run's config alone (cheap, nothing started): what it builds, it builds in `start`."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def start(self, trainer: Trainer) -> None:
+        """The run is built (engine, data, run directory, a checkpoint restored): before the first step."""
+
+    def before_step(self, trainer: Trainer, step: int) -> None:
+        """Step `step` begins (its read included)."""
+
+    def read(self, trainer: Trainer, step: int, failure: Exception | None) -> None:
+        """This rank's read of the step's windows, `failure` when it raised. Every rank calls it,
+        before the step's collectives."""
+
+    def batch(self, trainer: Trainer, step: int, windows: Tensor) -> None:
+        """This rank's windows of the step [n, seq_len + 1], before the forward."""
+
+    def after_step(self, trainer: Trainer, step: int) -> None:
+        """The update of step `step` is done."""
+
+    def metrics(self, trainer: Trainer, step: int) -> dict[str, Any]:
+        """What this feature adds to a logging step's record (metrics.jsonl's training line)."""
+        return {}
+
+    def log(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None:
+        """A logging step's record, as written."""
+
+    def evaluate(self, trainer: Trainer, step: int) -> None:
+        """After the step's log: evaluate if this feature's policy says so."""
+
+    def end_step(self, trainer: Trainer, step: int) -> None:
+        """Step `step` has ended, its evaluation included."""
+
+    def should_stop(self, trainer: Trainer, step: int) -> bool:
+        """Whether the run stops after this step (the trainer then saves and leaves the loop). Called
+        on every feature, every step, on every rank: the answer must be the same on every rank."""
+        return False
+
+    def save(self, trainer: Trainer, step: int) -> None:
+        """The end of a step that went on: checkpoint if this feature's policy says so."""
+
+    def finish(self, trainer: Trainer) -> None:
+        """The loop has ended (the last step, or a stop)."""
+
+    def close(self) -> None:
+        """Give back what the feature holds (threads, files, signal handlers)."""

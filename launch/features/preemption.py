@@ -1,0 +1,41 @@
+"""SIGTERM/SIGINT (preemption, Ctrl-C): every rank stops at the same step, one step after the signal,
+with a checkpoint, and the run exits 0 (launch/runtime/preemption.py's StopFlag agrees on it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from launch.features.base import Feature
+from launch.runtime.preemption import StopFlag
+
+if TYPE_CHECKING:
+    from launch.trainer import Trainer
+
+log = logging.getLogger("orscale")
+
+
+class Preemption(Feature):
+    """The stop flag (signal handlers and its gloo group), from the first step to the last. The
+    reader-failure feature agrees on a failed read on the same group (`flag`)."""
+
+    _flag: StopFlag | None = None
+
+    def start(self, trainer: Trainer) -> None:
+        self._flag = StopFlag(trainer.env)  # collective: the gloo group
+
+    @property
+    def flag(self) -> StopFlag:
+        if self._flag is None:
+            raise RuntimeError("the stop flag is made when the run starts (Preemption.start)")
+        return self._flag
+
+    def should_stop(self, trainer: Trainer, step: int) -> bool:
+        if not self.flag.agreed():
+            return False
+        log.warning("stop signal: saving a checkpoint at step %d and exiting", step)
+        return True
+
+    def finish(self, trainer: Trainer) -> None:
+        self.flag.restore()
+        trainer.stopped = self.flag.raised
