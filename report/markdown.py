@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from orscale.registry import find_optimizer
+from orscale.variants import VARIANTS
 from report import headline
 from report.analysis import Report
 from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, table
 from report.runs import PAPER
 from report.stats import compare
 
-NO_TRUST_RATIO = ("muon", "muon_moonlight")  # orscale.variants: denominator "none" (no r, no clipping)
-ELEMENTWISE = ("adamw", "cbp", "lamb", "lars")  # no Newton–Schulz: the Muon family's settings do not apply
 # (key, label, applies to: "" every optimizer, "muon" the Muon family, "trust" its trust ratios)
 _HYPER = """\
 optim.weight_decay | weight decay |
@@ -174,8 +174,14 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
 
 
 def _applies(name: str, kind: str) -> bool:
+    """Whether a setting of `kind` (HYPER) applies to optimizer `name`: the Muon family's settings
+    to its members only (the optimizer table's `matrices` routing; a name it does not register, such
+    as a report-only protocol, counts as one), its trust ratio's to the variants that have one."""
     base = name.split("#")[0]
-    return not kind or (base not in ELEMENTWISE and (kind == "muon" or base not in NO_TRUST_RATIO))
+    spec = find_optimizer(base)
+    muon = spec is None or spec.routing == "matrices"
+    trust = base not in VARIANTS or VARIANTS[base].denominator != "none"  # "none": no r, no clipping
+    return not kind or (muon and (kind == "muon" or trust))
 
 
 def _value(v: Any) -> str:
