@@ -22,6 +22,7 @@ FAMILIES: tuple[str, ...] = (
     "orscale.factories",  # AdamW, then the Muon family (orscale.variants)
     "orscale.cbp_spec",
     "orscale.trust_ratio",  # LAMB, LARS
+    "orscale.lion",
 )
 
 
