@@ -97,6 +97,11 @@ def _wsd(optim: OptimConfig, step: int, total: int) -> float:
     return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
 
 
+def _constant(optim: OptimConfig, step: int, total: int) -> float:
+    """Warmup (the module's convention), then optim.lr to the end: no decay, no floor."""
+    return optim.lr * (step + 1) / optim.warmup_steps if step < optim.warmup_steps else optim.lr
+
+
 def _wsd_checks(optim: OptimConfig) -> Checks:
     """optim.decay_* belong to wsd: set only with it, and each in its range."""
     return [
@@ -158,6 +163,7 @@ class Schedule:
 SCHEDULES: dict[str, Schedule] = {
     "cosine": Schedule(_cosine),
     "wsd": Schedule(_wsd, _wsd_checks, _wsd_fits),
+    "constant": Schedule(_constant),
 }
 
 
