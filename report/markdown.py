@@ -14,7 +14,7 @@ from orscale.variants import VARIANTS
 from report import headline
 from report.analysis import Report
 from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, table
-from report.runs import PAPER
+from report.runs import PAPER, REFS
 from report.stats import compare
 
 # (key, label, applies to: "" every optimizer, "muon" the Muon family, "trust" its trust ratios)
@@ -39,6 +39,7 @@ data.seq_len | context |
 train.dtype | compute dtype |
 """
 HYPER = [tuple(x.strip() for x in line.split("|")) for line in _HYPER.splitlines()]
+BASELINE = REFS[0]  # the downstream tables' "Δ vs AdamW": the report's first reference optimizer
 
 
 def render(rep: Report, pngs: dict[str, str]) -> str:
@@ -149,7 +150,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
 
     for task, items in sorted(rep.downstream.items()):
         out += [f"### {task} ({items[0]['metric']})", ""]
-        ref = {e["row"].name: e for e in items if e["optim"] == "adamw"}
+        ref = {e["row"].name: e for e in items if e["optim"] == BASELINE}
         body = []
         for e in items:
             vals, n, chance = list(e["values"].values()), e["n"], e["chance"]
@@ -157,7 +158,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
             ex = wilson_interval(float(np.mean(vals)) * n, n) if vals and n else (math.nan, math.nan)
             near = isinstance(chance, (int, float)) and (lo <= chance <= hi or ex[0] <= chance <= ex[1])
             a = ref.get(e["row"].name)
-            c = compare(e["values"], a["values"]) if a is not None and e["optim"] != "adamw" else None
+            c = compare(e["values"], a["values"]) if a is not None and e["optim"] != BASELINE else None
             delta = "—" if c is None else f"{c.diff:+.4f}"
             delta += f" [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}] p={c.p:.2g}" if c is not None and c.p is not None else ""
             acc = f"{np.mean(vals):.4f}" + (f" ± {np.std(vals, ddof=1):.4f}" if len(vals) > 1 else "") if vals else "—"
