@@ -2,21 +2,25 @@
 execution (docs/algorithm.md, docs/library.md); the public API is what this module exports
 (``__all__``)."""
 
-from orscale.builder import PLACEMENTS, build_optimizers
+from orscale.builder import build_optimizers
 from orscale.diagnostics import collect_diagnostics, matrix_class
 from orscale.distributed.ddp import ReplicatedMuonFamily
 from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.model_optimizer import Muon, MuonFamilyWithAdamW, MuonMoonlight, OrScale, OrScaleLM
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
-from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig, OptimConfigError
+from orscale.optim_config import OptimConfig, OptimConfigError
+from orscale.optimizer_spec import PLACEMENTS, OptimizerSpec
+from orscale.registry import OPTIMIZER_NAMES, OPTIMIZERS
 from orscale.routing import hidden_matrices
-from orscale.schedule import check_schedule, lr_at, scheduled_lr, set_lr
+from orscale.schedule import SCHEDULES, check_schedule, lr_at, scheduled_lr, set_lr
 from orscale.variants import VARIANTS, Variant
 
 __all__ = [
+    "OPTIMIZERS",
     "OPTIMIZER_NAMES",
     "PLACEMENTS",
+    "SCHEDULES",
     "VARIANTS",
     "Muon",
     "MuonFamily",
@@ -24,6 +28,7 @@ __all__ = [
     "MuonMoonlight",
     "OptimConfig",
     "OptimConfigError",
+    "OptimizerSpec",
     "OrScale",
     "OrScaleLM",
     "ReplicatedMuonFamily",

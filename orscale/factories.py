@@ -1,28 +1,25 @@
-"""Single-process optimizers from an ``OptimConfig``: the pieces every placement builds on.
-
-``orscale.builder`` picks the placement (one process, DDP, FSDP2) on top of these, and DeepSpeed
-ZeRO's client optimizer (``orscale.distributed.zero``) builds its owner-side optimizers from them,
-so neither imports the other.
+"""AdamW and the Muon family from an ``OptimConfig``: AdamW's implementation choice, the Muon
+family's keyword arguments, and the two families' records (``ADAMW``, ``MUON_FAMILY``) in the
+optimizer table (``orscale.registry``), which every placement builds from.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from orscale.cbp import CBP, share_equalization_targets, summarize_cbp
 from orscale.diagnostics import merge_rows
-from orscale.optim_config import OptimConfig
+from orscale.distributed.ddp import ReplicatedMuonFamily
+from orscale.distributed.fsdp import ShardedMuonFamily
+from orscale.muon_family import MuonFamily
+from orscale.optimizer_spec import ALL_PLACEMENTS, ZERO, Builder, Exchange, OptimizerSpec, OwnerHooks
 from orscale.schedule import keep_lr_scales
-from orscale.trust_ratio import LAMB, LARS
 from orscale.variants import VARIANTS
 
-# The elementwise optimizers' classes by name; a placement may substitute its own (FSDP2's sharded ones).
-ELEMENTWISE_CLASSES: dict[str, type[torch.optim.Optimizer]] = {"cbp": CBP, "lamb": LAMB, "lars": LARS}
+if TYPE_CHECKING:
+    from orscale.optim_config import OptimConfig
 
 
 def adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
@@ -107,73 +104,43 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
     )
 
 
-def elementwise_optimizer(
-    groups: list[dict[str, Any]], cfg: OptimConfig, classes: dict[str, type[torch.optim.Optimizer]] | None = None
-) -> torch.optim.Optimizer:
-    """CBP, LAMB or LARS (`cfg.name`) over routed param groups (their LR scales kept for `set_lr`);
-    `classes` overrides which class runs each name (default ``ELEMENTWISE_CLASSES``)."""
-    return keep_lr_scales(_elementwise(groups, cfg, classes))
+def _muon_family(use: type[MuonFamily], *exchange: str) -> Builder:
+    """A Muon-family class's build; `exchange`: the ``Exchange`` settings it takes (by name)."""
+    return lambda matrices, cfg, ex: use(matrices, **{k: getattr(ex, k) for k in exchange}, **muon_family_kwargs(cfg))
 
 
-def _elementwise(
-    groups: list[dict[str, Any]], cfg: OptimConfig, classes: dict[str, type[torch.optim.Optimizer]] | None
-) -> torch.optim.Optimizer:
-    cls: Any = (classes or ELEMENTWISE_CLASSES).get(cfg.name)
-    betas = (cfg.betas[0], cfg.betas[1])
-    if cfg.name == "cbp":
-        return cls(
-            groups,
-            lr=cfg.lr,
-            betas=betas,
-            weight_decay=cfg.weight_decay,
-            decoupled_weight_decay=True,
-            zeta=cfg.cbp_zeta,
-            rho=cfg.cbp_rho,
-            s_min=cfg.cbp_s_min,
-            s_max=cfg.cbp_s_max,
-            equalize=cfg.cbp_equalize,
-            precondition=cfg.cbp_precondition,
-        )
-    if cfg.name == "lamb":
-        return cls(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.name == "lars":
-        return cls(
-            groups,
-            lr=cfg.lr,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            trust_coefficient=cfg.lars_trust_coefficient,
-            eps=cfg.eps,
-        )
-    raise ValueError(f"{cfg.name!r} is not an elementwise optimizer")
-
-
-@dataclass(frozen=True)
-class OwnerHooks:
-    """What owner-rank execution (ZeRO) needs of an optimizer beyond its step, for ranks that may hold
-    none of its tensors: a statistic shared across ranks before the step (`sync`), and how each
-    rank's diagnostics are taken (`payload`, given the owner optimizer or None) and merged (`merge`).
-    `lazy_calibration`: whether it keeps OrScale-LM's calibration constants."""
-
-    sync: Callable[[Any, list[str], Callable[[torch.Tensor], torch.Tensor], torch.device], None] | None
-    payload: Callable[[Any], Any] | None
-    merge: Callable[[list[Any]], dict[str, float]] | None
-    lazy_calibration: bool = False
-
-
-def owner_hooks(cfg: OptimConfig) -> OwnerHooks:
-    """The hooks of `cfg.name`'s optimizer (see OwnerHooks)."""
-    if cfg.name == "cbp":
-        return OwnerHooks(
-            share_equalization_targets if cfg.cbp_equalize else None,
-            lambda opt: opt.diagnostic_stats() if opt is not None else [],
-            summarize_cbp,
-        )
-    if cfg.name in ELEMENTWISE_CLASSES:  # LAMB, LARS: nothing shared, no diagnostics
-        return OwnerHooks(None, None, None)
+def _muon_hooks(cfg: OptimConfig) -> OwnerHooks:
     return OwnerHooks(
         None,
         lambda opt: opt.diagnostic_rows() if opt is not None else ([], [], [], []),
         merge_rows,
-        lazy_calibration=cfg.name in VARIANTS and VARIANTS[cfg.name].calibration == "lazy",
+        lazy_calibration=VARIANTS[cfg.name].calibration == "lazy",
     )
+
+
+def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, exchange: Exchange) -> torch.optim.Optimizer:
+    return adamw(groups, cfg)
+
+
+ADAMW = OptimizerSpec(
+    names=("adamw",),
+    routing="adamw",
+    build={placement: _adamw for placement in ALL_PLACEMENTS},  # DTensor-native; ZeRO's flat partitions
+    labels={"adamw": "AdamW"},
+)
+
+# Every orscale.variants row; on several ranks the matrices are exchanged whole (orscale.distributed).
+MUON_FAMILY = OptimizerSpec(
+    names=tuple(VARIANTS),
+    routing="matrices",
+    build={
+        "none": _muon_family(MuonFamily),
+        "ddp": _muon_family(ReplicatedMuonFamily, "mode", "overlap", "bucket_numel"),
+        "fsdp": _muon_family(ShardedMuonFamily, "replica_split", "mode", "overlap", "bucket_numel"),
+        ZERO: _muon_family(MuonFamily),  # whole fp32 matrices at their owner rank
+    },
+    labels={"muon_moonlight": "Muon+Moonlight", "orscale_lm": "OrScale-LM", "muon": "Muon", "orscale": "OrScale"},
+    owner_hooks=_muon_hooks,
+)
+
+SPECS: tuple[OptimizerSpec, ...] = (ADAMW, MUON_FAMILY)

@@ -6,16 +6,6 @@ import math
 from dataclasses import dataclass, field
 
 from orscale.newton_schulz import NS_COEFFICIENT_SETS, NS_KERNELS
-from orscale.variants import VARIANTS
-
-SCHEDULES: tuple[str, ...] = ("cosine", "wsd")  # orscale.schedule
-DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown's shape
-DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
-DEFAULT_DECAY_SHAPE = "1-sqrt"
-
-# Optimizers that update every tensor elementwise from per-tensor norms (the CBP family, docs/cbp.md).
-ELEMENTWISE: tuple[str, ...] = ("cbp", "lamb", "lars")
-OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",) + tuple(VARIANTS) + ELEMENTWISE
 
 
 class OptimConfigError(ValueError):
@@ -24,9 +14,11 @@ class OptimConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
-    """The `optim:` section of a run config: which optimizer (`name`, one of OPTIMIZER_NAMES), its
-    hyper-parameters and the LR schedule; checked on construction (OptimConfigError). The trainer
-    builds its optimizers from it (``build_optimizers``); its keys are the fields below."""
+    """The `optim:` section of a run config: which optimizer (`name`, a name of the optimizer table
+    ``orscale.registry``), its hyper-parameters and the LR schedule (a name of
+    ``orscale.schedule.SCHEDULES``); checked on construction (OptimConfigError): the shared keys here,
+    each optimizer's and schedule's own keys by its table entry. The trainer builds its optimizers
+    from it (``build_optimizers``); its keys are the fields below (flat, as the YAML writes them)."""
 
     name: str = "adamw"
     lr: float = 1e-3  # the peak LR of the hidden matrices (every parameter's unless adamw_lr is set)
@@ -66,14 +58,15 @@ class OptimConfig:
     decay_fraction: float | None = None
     decay_steps: int | None = None
     decay_shape: str | None = None
-    # CBP (optim.name=cbp; docs/cbp.md). Its paper uses betas (0.9, 0.999): set optim.betas.
+    # CBP (optim.name=cbp; docs/cbp.md; checked by orscale/cbp_spec.py). Its paper uses betas
+    # (0.9, 0.999): set optim.betas.
     cbp_zeta: float = 1e-3  # M3 damping ζ added to √v̂
     cbp_rho: float = 0.99  # M1 energy EMA ρ
     cbp_s_min: float = 0.1  # M1 clip of the block scale
     cbp_s_max: float = 4.0
     cbp_equalize: bool = True  # M1 on/off (the paper's ablations)
     cbp_precondition: bool = True  # M3 on/off
-    lars_trust_coefficient: float = 1e-3  # η_tr of LARS
+    lars_trust_coefficient: float = 1e-3  # η_tr of LARS (checked by orscale/trust_ratio.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,11 +88,21 @@ class OptimConfig:
 
     def validate(self) -> None:
         """Raise OptimConfigError (one line) for a value no optimizer can run with."""
-        checks = (
-            (
-                self.name in OPTIMIZER_NAMES,
-                f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}",
-            ),
+        # The tables import the optimizers and schedules, whose modules import this one.
+        from orscale.registry import OPTIMIZER_NAMES, optimizer_checks
+        from orscale.schedule import schedule_checks
+
+        known = (
+            self.name in OPTIMIZER_NAMES,
+            f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}",
+        )
+        checks = [known, *self._shared_checks(), *schedule_checks(self), *self._last_checks(), *optimizer_checks(self)]
+        for ok, message in checks:
+            if not ok:
+                raise OptimConfigError(message)
+
+    def _shared_checks(self) -> list[tuple[bool, str]]:
+        return [
             (
                 self.ns_coefficients in NS_COEFFICIENT_SETS,
                 f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}",
@@ -143,45 +146,10 @@ class OptimConfig:
             (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),
             (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
-            (
-                self.schedule in SCHEDULES,
-                f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}",
-            ),
-            (
-                self.schedule == "wsd"
-                or (self.decay_fraction is None and self.decay_steps is None and self.decay_shape is None),
-                "optim.decay_fraction, decay_steps and decay_shape shape the cooldown of optim.schedule=wsd; "
-                f"this run has optim.schedule={self.schedule}: set optim.schedule=wsd or leave them unset",
-            ),
-            (
-                self.decay_fraction is None or self.decay_steps is None,
-                "optim.decay_fraction and optim.decay_steps both set the cooldown's length: set one of them",
-            ),
-            (
-                self.decay_fraction is None or 0 < self.decay_fraction <= 1,
-                f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}",
-            ),
-            (
-                self.decay_steps is None or self.decay_steps >= 1,
-                f"optim.decay_steps must be >= 1, got {self.decay_steps}",
-            ),
-            (
-                self.decay_shape is None or self.decay_shape in DECAY_SHAPES,
-                f"optim.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {self.decay_shape!r}",
-            ),
+        ]
+
+    def _last_checks(self) -> list[tuple[bool, str]]:
+        return [
             (0 < self.trust_eps < math.inf, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
             (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
-            (0 < self.cbp_zeta < math.inf, f"optim.cbp_zeta must be > 0, got {self.cbp_zeta}"),
-            (0 <= self.cbp_rho < 1, f"optim.cbp_rho must be in [0, 1), got {self.cbp_rho}"),
-            (
-                0 < self.cbp_s_min <= self.cbp_s_max < math.inf,
-                f"optim.cbp_s_min ({self.cbp_s_min}) must be > 0 and <= optim.cbp_s_max ({self.cbp_s_max})",
-            ),
-            (
-                0 < self.lars_trust_coefficient < math.inf,
-                f"optim.lars_trust_coefficient must be > 0, got {self.lars_trust_coefficient}",
-            ),
-        )
-        for ok, message in checks:
-            if not ok:
-                raise OptimConfigError(message)
+        ]

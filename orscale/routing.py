@@ -9,6 +9,8 @@
   [out, in·k…] into the Muon step with ``flatten_conv``; name patterns override the rule. On this
   project's GPT that is exactly every 2-D weight inside the transformer blocks (``blocks.*``): the
   tied embedding and the norm gains are AdamW's.
+* How an optimizer's parameters are routed is its record's ``routing`` in the optimizer table
+  (``orscale.registry``): ``adamw``, ``matrices`` (the Muon family) or ``elementwise``.
 * ``adamw``: one AdamW over every parameter (decay on all of them, as in the paper), unless
   ``optim.exempt_norms_and_embeddings`` puts 1-D params and embeddings in a wd = 0 group.
 * Muon family: the hidden matrices to the matrix optimizer; everything else to AdamW, at
@@ -19,12 +21,12 @@
   own, and CBP/LAMB/LARS give the embedding a group of its own (CBP still equalises it with the
   matrices: groups of one ``role`` share M1's target). A group's peak LR over ``optim.lr`` is its
   ``LR_SCALE`` key (``orscale.schedule``); unset settings leave today's groups unchanged.
-* CBP, LAMB, LARS (``optim_config.ELEMENTWISE``): every parameter, each tensor one block, in two
-  groups: tensors with ≥ 2 dims (the block matrices and the embedding) and 1-D ones (norm gains,
-  biases). CBP equalises each group among itself (c is the group's mean energy, so a norm gain is
-  not scaled against a matrix); both groups take decoupled decay (the 1-D one none with
-  ``exempt_norms_and_embeddings``, which also exempts the embedding). LAMB and LARS keep their
-  standard convention: trust ratio and decay on the ≥ 2-D group only.
+* CBP, LAMB, LARS (the ``elementwise`` routing): every parameter, each tensor one block, in the
+  groups its record makes (``OptimizerSpec.groups``): tensors with ≥ 2 dims (the block matrices and
+  the embedding) and 1-D ones (norm gains, biases). CBP equalises each group among itself (c is the
+  group's mean energy, so a norm gain is not scaled against a matrix); both groups take decoupled
+  decay (the 1-D one none with ``exempt_norms_and_embeddings``, which also exempts the embedding).
+  LAMB and LARS keep their standard convention: trust ratio and decay on the ≥ 2-D group only.
 
 ``route_parameters`` is the one place the trainer decides this; every optimizer builder (single
 process, DDP, FSDP2, DeepSpeed ZeRO) calls it. ``model.named_parameters()`` deduplicates shared
@@ -41,7 +43,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from orscale.optim_config import ELEMENTWISE, OptimConfig
+from orscale.optim_config import OptimConfig
+from orscale.optimizer_spec import OptimizerSpec
+from orscale.registry import optimizer_spec
 from orscale.schedule import LR_SCALE
 
 NamedParams = list[tuple[str, nn.Parameter]]
@@ -196,40 +200,12 @@ class Routing:
 
 
 def _elementwise_groups(
-    named: NamedParams, emb: frozenset[int], hidden: set[int], cfg: OptimConfig
+    spec: OptimizerSpec, named: NamedParams, emb: frozenset[int], hidden: set[int], cfg: OptimConfig
 ) -> list[dict[str, Any]]:
-    """`emb`: the embeddings' ids; `hidden`: the hidden matrices' (what the Muon family would take)."""
-    mats = [(n, p) for n, p in named if p.ndim >= 2]
-    vecs = [(n, p) for n, p in named if p.ndim < 2]
-    wd, own = cfg.weight_decay, cfg.own_adamw_group
-    # With the AdamW group's own settings, the embedding leaves the matrices' group (first, where it
-    # stood: CBP pools the role's energies in this order, so an equal setting changes no bit).
-    emb_mats = [(n, p) for n, p in mats if id(p) in emb] if own else []
-    mats = [(n, p) for n, p in mats if not (own and id(p) in emb)]
-    groups: list[dict[str, Any]]
-    if cfg.name == "cbp":
-        exempt = cfg.exempt_norms_and_embeddings
-        groups = [
-            {
-                "params": emb_mats,
-                "weight_decay": 0.0 if exempt else cfg.adamw_decay,
-                "role": "embedding" if exempt else "matrices",
-            },
-            {
-                "params": [(n, p) for n, p in mats if not (exempt and id(p) in emb)],
-                "weight_decay": wd,
-                "role": "matrices",
-            },
-            {"params": [(n, p) for n, p in mats if exempt and id(p) in emb], "weight_decay": 0.0, "role": "embedding"},
-            {"params": vecs, "weight_decay": 0.0 if exempt else (cfg.adamw_decay if own else wd), "role": "vectors"},
-        ]
-    else:  # LAMB, LARS: trust ratio and decay on matrices, neither on 1-D tensors
-        groups = [
-            {"params": mats, "weight_decay": wd, "trust": True, "role": "matrices"},
-            {"params": emb_mats, "weight_decay": cfg.adamw_decay, "trust": True, "role": "embedding"},
-            {"params": vecs, "weight_decay": 0.0, "trust": False, "role": "vectors"},
-        ]
-    if own:  # every group but the hidden matrices' is "the AdamW group"
+    """`spec`'s param groups (``OptimizerSpec.groups``), each not made only of hidden matrices (what
+    the Muon family would take) at the AdamW group's LR scale when it has settings of its own."""
+    groups = spec.groups(named, emb, cfg) if spec.groups is not None else []
+    if cfg.own_adamw_group:  # every group but the hidden matrices' is "the AdamW group"
         for g in groups:
             if not (g["params"] and all(id(p) in hidden for _, p in g["params"])):
                 g[LR_SCALE] = cfg.adamw_lr_scale
@@ -269,7 +245,8 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
     rest = [(n, p) for n, p in named if id(p) not in hidden]
     emb = parameter_roles(named, model).embeddings
     scale = cfg.adamw_lr_scale if cfg.own_adamw_group else None
-    if cfg.name == "adamw":
+    spec = optimizer_spec(cfg.name)
+    if spec.routing == "adamw":
         if not cfg.own_adamw_group:
             return Routing([], _adamw_groups(named, emb, cfg, cfg.weight_decay, None))
         return Routing(
@@ -277,8 +254,8 @@ def route_parameters(model: nn.Module, cfg: OptimConfig) -> Routing:
             _adamw_groups(matrices, emb, cfg, cfg.weight_decay, None)
             + _adamw_groups(rest, emb, cfg, cfg.adamw_decay, scale),
         )
-    if cfg.name in ELEMENTWISE:
-        return Routing([], [], _elementwise_groups(named, emb, hidden, cfg))
+    if spec.routing == "elementwise":
+        return Routing([], [], _elementwise_groups(spec, named, emb, hidden, cfg))
     if not matrices:
         raise ValueError(
             f"optim.name={cfg.name} found no hidden 2-D weight matrices to orthogonalise (embeddings, the output "

@@ -1,5 +1,6 @@
-"""Learning-rate schedules (`optim.schedule`): linear warmup, then cosine decay to a floor (docs/algorithm.md),
-or warmup-stable-decay (WSD). Stateless: the LR of a step is a function of the step and the config.
+"""Learning-rate schedules (`optim.schedule`, the table ``SCHEDULES``): linear warmup, then cosine
+decay to a floor (docs/algorithm.md), or warmup-stable-decay (WSD). Stateless: the LR of a step is
+a function of the step and the config.
 
 Warmup convention: ``lr = peak·(step+1)/warmup`` for ``step < warmup`` (steps count from 0), so the
 first step already has lr > 0 and the last warmup step reaches the peak. We choose this over
@@ -20,12 +21,21 @@ a cooldown branched from its checkpoint at or before ``start`` is that shorter r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from orscale.optim_config import DEFAULT_DECAY_FRACTION, DEFAULT_DECAY_SHAPE, OptimConfig, OptimConfigError
+from orscale.optim_config import OptimConfigError
+
+if TYPE_CHECKING:
+    from orscale.optim_config import OptimConfig
+
+DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown's shape
+DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
+DEFAULT_DECAY_SHAPE = "1-sqrt"
+Checks = list[tuple[bool, str]]  # (holds, the one-line OptimConfigError message when it does not)
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -78,10 +88,49 @@ def decay_steps(optim: OptimConfig, total: int) -> int:
     return max(1, round(fraction * total))
 
 
-def check_schedule(optim: OptimConfig, total: int) -> None:
-    """OptimConfigError (one line) for a schedule a run of `total` steps cannot follow."""
-    if optim.schedule != "wsd":
-        return
+def _cosine(optim: OptimConfig, step: int, total: int) -> float:
+    return lr_at(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio)
+
+
+def _wsd(optim: OptimConfig, step: int, total: int) -> float:
+    shape = DEFAULT_DECAY_SHAPE if optim.decay_shape is None else optim.decay_shape
+    return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
+
+
+def _constant(optim: OptimConfig, step: int, total: int) -> float:
+    """Warmup (the module's convention), then optim.lr to the end: no decay, no floor."""
+    return optim.lr * (step + 1) / optim.warmup_steps if step < optim.warmup_steps else optim.lr
+
+
+def _wsd_checks(optim: OptimConfig) -> Checks:
+    """optim.decay_* belong to wsd: set only with it, and each in its range."""
+    return [
+        (
+            optim.schedule == "wsd"
+            or (optim.decay_fraction is None and optim.decay_steps is None and optim.decay_shape is None),
+            "optim.decay_fraction, decay_steps and decay_shape shape the cooldown of optim.schedule=wsd; "
+            f"this run has optim.schedule={optim.schedule}: set optim.schedule=wsd or leave them unset",
+        ),
+        (
+            optim.decay_fraction is None or optim.decay_steps is None,
+            "optim.decay_fraction and optim.decay_steps both set the cooldown's length: set one of them",
+        ),
+        (
+            optim.decay_fraction is None or 0 < optim.decay_fraction <= 1,
+            f"optim.decay_fraction must be in (0, 1], got {optim.decay_fraction}",
+        ),
+        (
+            optim.decay_steps is None or optim.decay_steps >= 1,
+            f"optim.decay_steps must be >= 1, got {optim.decay_steps}",
+        ),
+        (
+            optim.decay_shape is None or optim.decay_shape in DECAY_SHAPES,
+            f"optim.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {optim.decay_shape!r}",
+        ),
+    ]
+
+
+def _wsd_fits(optim: OptimConfig, total: int) -> None:
     decay = decay_steps(optim, total)
     if optim.warmup_steps + decay > total:
         raise OptimConfigError(
@@ -91,12 +140,50 @@ def check_schedule(optim: OptimConfig, total: int) -> None:
         )
 
 
+def _no_checks(optim: OptimConfig) -> Checks:
+    return []
+
+
+def _fits_any_run(optim: OptimConfig, total: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One `optim.schedule`: optim.lr's value at a step of a run (`lr`: config, 0-based step, the
+    run's total steps), the checks of the `optim:` keys it owns (run on every config, in the table's
+    order), and its check against a run's length (`fits`: raises OptimConfigError)."""
+
+    lr: Callable[[OptimConfig, int, int], float]
+    checks: Callable[[OptimConfig], Checks] = _no_checks
+    fits: Callable[[OptimConfig, int], None] = _fits_any_run
+
+
+# The schedules by `optim.schedule` (the module docstring); a new one is a function and a line here.
+SCHEDULES: dict[str, Schedule] = {
+    "cosine": Schedule(_cosine),
+    "wsd": Schedule(_wsd, _wsd_checks, _wsd_fits),
+    "constant": Schedule(_constant),
+}
+
+
+def schedule_checks(optim: OptimConfig) -> Checks:
+    """The one-line checks of `optim.schedule` and of every schedule's own keys."""
+    known = (
+        optim.schedule in SCHEDULES,
+        f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {optim.schedule!r}",
+    )
+    return [known, *(check for schedule in SCHEDULES.values() for check in schedule.checks(optim))]
+
+
+def check_schedule(optim: OptimConfig, total: int) -> None:
+    """OptimConfigError (one line) for a schedule a run of `total` steps cannot follow."""
+    SCHEDULES[optim.schedule].fits(optim, total)
+
+
 def scheduled_lr(optim: OptimConfig, step: int, total: int) -> float:
     """optim.lr's value at 0-based step `step` of a run of `total` steps, by `optim.schedule`."""
-    if optim.schedule == "cosine":
-        return lr_at(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio)
-    shape = DEFAULT_DECAY_SHAPE if optim.decay_shape is None else optim.decay_shape
-    return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
+    return SCHEDULES[optim.schedule].lr(optim, step, total)
 
 
 LR_SCALE = "lr_scale"  # routed param-group key: the group's peak LR over optim.lr (absent: 1)

@@ -1,4 +1,5 @@
-"""Layer-wise trust-ratio optimizers LARS and LAMB, the baselines of CBP (docs/cbp.md).
+"""Layer-wise trust-ratio optimizers LARS and LAMB, the baselines of CBP (docs/cbp.md), and their
+records in the optimizer table (``orscale.registry``).
 
 Per parameter tensor p (one block), gradient g, weight decay λ, step t:
 
@@ -21,12 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch import Tensor
 
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
+from orscale.optimizer_spec import Checks, OptimizerSpec, elementwise_build, per_tensor_groups
+
+if TYPE_CHECKING:
+    from orscale.optim_config import OptimConfig
 
 
 def trust_ratio_param_groups(named_params: Iterable[tuple[str, Tensor]], weight_decay: float) -> list[dict[str, Any]]:
@@ -257,3 +262,46 @@ class LARS(_TrustRatioOptimizer):
         else:
             for p, b in zip(params, bufs, strict=True):
                 p.add_((b * -group["lr"]).to(p.dtype))
+
+
+# ---------------------------------------------------------------- in the optimizer table (orscale.registry)
+def _lamb_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    return dict(lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def _lars_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    return dict(
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        trust_coefficient=cfg.lars_trust_coefficient,
+        eps=cfg.eps,
+    )
+
+
+def _lars_checks(cfg: OptimConfig) -> Checks:
+    return [
+        (
+            0 < cfg.lars_trust_coefficient < math.inf,
+            f"optim.lars_trust_coefficient must be > 0, got {cfg.lars_trust_coefficient}",
+        )
+    ]
+
+
+SPECS = (
+    OptimizerSpec(
+        names=("lamb",),
+        routing="elementwise",
+        build=elementwise_build(LAMB, _lamb_kwargs),
+        labels={"lamb": "LAMB"},
+        groups=per_tensor_groups,
+    ),
+    OptimizerSpec(
+        names=("lars",),
+        routing="elementwise",
+        build=elementwise_build(LARS, _lars_kwargs),
+        labels={"lars": "LARS"},
+        groups=per_tensor_groups,
+        checks=_lars_checks,
+    ),
+)

@@ -7,20 +7,24 @@ import math
 from pathlib import Path
 from typing import Any
 
+from orscale.registry import report_labels
 from records.points import tied
 from records.read import RunRecord
 
-OPT_NAMES = {
-    "adamw": "AdamW",
-    "muon_moonlight": "Muon+Moonlight",
-    "orscale_lm": "OrScale-LM",
-    "orscale_lm_transfer": "OrScale-LM at Moonlight's LRs",
-    "muon": "Muon",
-    "orscale": "OrScale",
-    "cbp": "CBP",
-    "lamb": "LAMB",
-    "lars": "LARS",
-}
+# Names the report shows that no optimizer registers (the paper's results under another protocol),
+# each with its label and the name it is listed after.
+REPORT_ONLY = {"orscale_lm_transfer": ("OrScale-LM at Moonlight's LRs", "orscale_lm")}
+
+
+def _opt_names() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for name, label in report_labels().items():  # the optimizer table's labels, in its order
+        names[name] = label
+        names.update({extra: text for extra, (text, after) in REPORT_ONLY.items() if after == name})
+    return names
+
+
+OPT_NAMES = _opt_names()
 
 
 def opt_name(name: str) -> str:

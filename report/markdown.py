@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from orscale.registry import find_optimizer
+from orscale.variants import VARIANTS
 from report import headline
 from report.analysis import Report
 from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, table
-from report.runs import PAPER
+from report.runs import PAPER, REFS
 from report.stats import compare
 
-NO_TRUST_RATIO = ("muon", "muon_moonlight")  # orscale.variants: denominator "none" (no r, no clipping)
-ELEMENTWISE = ("adamw", "cbp", "lamb", "lars")  # no Newton–Schulz: the Muon family's settings do not apply
 # (key, label, applies to: "" every optimizer, "muon" the Muon family, "trust" its trust ratios)
 _HYPER = """\
 optim.weight_decay | weight decay |
@@ -39,6 +39,7 @@ data.seq_len | context |
 train.dtype | compute dtype |
 """
 HYPER = [tuple(x.strip() for x in line.split("|")) for line in _HYPER.splitlines()]
+BASELINE = REFS[0]  # the downstream tables' "Δ vs AdamW": the report's first reference optimizer
 
 
 def render(rep: Report, pngs: dict[str, str]) -> str:
@@ -149,7 +150,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
 
     for task, items in sorted(rep.downstream.items()):
         out += [f"### {task} ({items[0]['metric']})", ""]
-        ref = {e["row"].name: e for e in items if e["optim"] == "adamw"}
+        ref = {e["row"].name: e for e in items if e["optim"] == BASELINE}
         body = []
         for e in items:
             vals, n, chance = list(e["values"].values()), e["n"], e["chance"]
@@ -157,7 +158,7 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
             ex = wilson_interval(float(np.mean(vals)) * n, n) if vals and n else (math.nan, math.nan)
             near = isinstance(chance, (int, float)) and (lo <= chance <= hi or ex[0] <= chance <= ex[1])
             a = ref.get(e["row"].name)
-            c = compare(e["values"], a["values"]) if a is not None and e["optim"] != "adamw" else None
+            c = compare(e["values"], a["values"]) if a is not None and e["optim"] != BASELINE else None
             delta = "—" if c is None else f"{c.diff:+.4f}"
             delta += f" [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}] p={c.p:.2g}" if c is not None and c.p is not None else ""
             acc = f"{np.mean(vals):.4f}" + (f" ± {np.std(vals, ddof=1):.4f}" if len(vals) > 1 else "") if vals else "—"
@@ -174,8 +175,14 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
 
 
 def _applies(name: str, kind: str) -> bool:
+    """Whether a setting of `kind` (HYPER) applies to optimizer `name`: the Muon family's settings
+    to its members only (the optimizer table's `matrices` routing; a name it does not register, such
+    as a report-only protocol, counts as one), its trust ratio's to the variants that have one."""
     base = name.split("#")[0]
-    return not kind or (base not in ELEMENTWISE and (kind == "muon" or base not in NO_TRUST_RATIO))
+    spec = find_optimizer(base)
+    muon = spec is None or spec.routing == "matrices"
+    trust = base not in VARIANTS or VARIANTS[base].denominator != "none"  # "none": no r, no clipping
+    return not kind or (muon and (kind == "muon" or trust))
 
 
 def _value(v: Any) -> str:

@@ -20,7 +20,8 @@ from launch.config import RunConfig
 from launch.errors import ConfigError
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
-from orscale.optim_config import ELEMENTWISE, OptimConfig
+from orscale.optim_config import OptimConfig
+from orscale.registry import find_optimizer
 from orscale.schedule import decay_steps
 from records.read import read_metrics
 
@@ -188,7 +189,8 @@ def _check_param_groups(old: dict[str, Any], new: dict[str, Any]) -> None:
     """adamw and CBP/LAMB/LARS put the AdamW group (embedding, norms) in param groups of its own once
     optim.adamw_lr or adamw_weight_decay is set: a checkpoint's groups load only into the same split."""
     name = new.get("config.optim.name")
-    if name not in ("adamw", *ELEMENTWISE):
+    spec = find_optimizer(str(name))
+    if spec is None or spec.routing == "matrices":  # the Muon family: the same groups either way
         return
     split = [
         any(flat.get(f"config.optim.{k}") is not None for k in ("adamw_lr", "adamw_weight_decay"))

@@ -1,5 +1,6 @@
-"""CBP, LAMB and LARS over FSDP2 parameters (DTensors sharded on dim 0 of a 1-D mesh, or of HSDP's
-2-D mesh, whose replica groups hold the same shards: the sums run over the shard group only).
+"""The elementwise optimizers (CBP, LAMB, LARS, Lion ...) over FSDP2 parameters (DTensors sharded on
+dim 0 of a 1-D mesh, or of HSDP's 2-D mesh, whose replica groups hold the same shards: the sums run
+over the shard group only).
 
 These optimizers are elementwise except for per-tensor norms. So, as with the Muon family, the
 arithmetic runs on each DTensor's local shard (`_local`) and the step's one tensor of per-block
@@ -15,9 +16,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-from orscale.cbp import CBP
-from orscale.trust_ratio import LAMB, LARS
 
 
 class _DTensorBlocks(torch.optim.Optimizer):
@@ -44,21 +42,16 @@ class _DTensorBlocks(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
 
-class ShardedCBP(_DTensorBlocks, CBP):
-    pass
+_SHARDED: dict[type[torch.optim.Optimizer], type[torch.optim.Optimizer]] = {}
 
 
-class ShardedLAMB(_DTensorBlocks, LAMB):
-    pass
-
-
-class ShardedLARS(_DTensorBlocks, LARS):
-    pass
-
-
-# What FSDP2 runs for each elementwise optimizer name (orscale.factories.elementwise_optimizer).
-SHARDED_ELEMENTWISE: dict[str, type[torch.optim.Optimizer]] = {
-    "cbp": ShardedCBP,
-    "lamb": ShardedLAMB,
-    "lars": ShardedLARS,
-}
+def sharded_class(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """`cls` over FSDP2 parameters: its subclass with ``_DTensorBlocks``'s local shards and per-block
+    all-reduce (``ShardedCBP`` for ``CBP``, ...). The same class for the same `cls`, so that
+    ``isinstance`` sees one type per optimizer; it is also a name of this module, so that pickle finds
+    it."""
+    if cls not in _SHARDED:
+        name = f"Sharded{cls.__name__}"
+        attrs = {"__module__": __name__, "__qualname__": name, "__doc__": cls.__doc__}
+        _SHARDED[cls] = globals()[name] = type(name, (_DTensorBlocks, cls), attrs)
+    return _SHARDED[cls]

@@ -25,8 +25,8 @@ from ours); instead:
 The same owner machinery runs CBP, LAMB and LARS: their whole tensors (every parameter) go to
 owners, which run the single-process optimizer on them, so per-tensor norms need no reduction;
 a statistic an optimizer needs over every rank's tensors (CBP's equalisation target, a mean over
-every block of a group) is its own hook (``orscale.factories.owner_hooks``), called on every rank,
-owner of tensors or not.
+every block of a group) is its own hook (its record's ``owner_hooks`` in ``orscale.registry``),
+called on every rank, owner of tensors or not.
 
 Momentum and calibration constants of the matrices live in the owner's ``MuonFamily``;
 ``orscale.distributed.zero_checkpoint`` saves them, and the AdamW moments of the flat partitions,
@@ -44,14 +44,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from orscale.distributed.zero_layout import MatrixLayout, Span, build_layout, zero_group_layout
-from orscale.factories import adamw, elementwise_optimizer, muon_family_kwargs, owner_hooks
-from orscale.muon_family import MuonFamily
-from orscale.optim_config import OPTIMIZER_NAMES, OptimConfig
+from orscale.factories import adamw
+from orscale.optim_config import OptimConfig
+from orscale.optimizer_spec import ZERO, Exchange
+from orscale.registry import names_on, optimizer_spec
 from orscale.routing import route_parameters
 from orscale.schedule import LR_SCALE, keep_lr_scales, lr_scales, set_lr
 
-# Optimizers this client can run under ZeRO-1/2: every one.
-ZERO_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_NAMES
+# Optimizers this client can run under ZeRO-1/2: every one whose record builds on ZeRO's owners.
+ZERO_OPTIMIZERS: tuple[str, ...] = names_on(ZERO)
 ROLE = "orscale_role"  # param-group key: "matrix" (whole tensors at owner ranks) or "adamw"
 
 
@@ -69,7 +70,8 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
                 f"ZeroShardedOptimizer cannot run optim.name={cfg.name!r}; it runs {', '.join(ZERO_OPTIMIZERS)}"
             )
         self.cfg = cfg
-        self._hooks = owner_hooks(cfg)
+        self._spec = optimizer_spec(cfg.name)
+        self._hooks = self._spec.owner_hooks(cfg)
         routing = route_parameters(model, cfg)
         self._routing = routing
         groups: list[dict[str, Any]] = []
@@ -156,17 +158,19 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         self._bound = True
 
     def _owner_optimizer(self, owned: list[tuple[str, Tensor]]) -> torch.optim.Optimizer:
-        """The single-process optimizer over this rank's whole tensors: the Muon family, or CBP /
-        LAMB / LARS with the routed groups (decay, trust flags, role) of the tensors it owns."""
+        """The single-process optimizer over this rank's whole tensors, as the optimizer's record
+        builds it for ZeRO's owners: the Muon family's over the matrices, or an elementwise one
+        (CBP, LAMB, LARS ...) over the routed groups (decay, trust flags, role) of the tensors it owns."""
+        build = self._spec.build[ZERO]
         if not self._routing.elementwise:
-            return MuonFamily(owned, **muon_family_kwargs(self.cfg))
+            return build(owned, self.cfg, Exchange())
         mine = dict(owned)
         groups = []
         for g in self._routing.elementwise:
             params = [(n, mine[n]) for n, _ in g["params"] if n in mine]
             if params:
                 groups.append({**g, "params": params})
-        return elementwise_optimizer(groups, self.cfg)
+        return build(groups, self.cfg, Exchange())
 
     # ---------------------------------------------------------------- the step
     @overload
@@ -312,9 +316,10 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
         return dict(zip(layout.names, values.tolist(), strict=True))
 
     def diagnostics(self) -> dict[str, float]:
-        """The ``diag/...`` keys of ``orscale.collect_diagnostics`` over every rank's tensors (Muon
-        family per matrix class; CBP's M1 summary; none for LAMB/LARS). Collective: call it on every
-        rank at the same step (one all_gather_object, only on logging steps)."""
+        """The ``diag/...`` keys of ``orscale.collect_diagnostics`` over every rank's tensors, by the
+        optimizer record's owner hooks (Muon family per matrix class; CBP's M1 summary; none for
+        LAMB/LARS). Collective: call it on every rank at the same step (one all_gather_object, only
+        on logging steps)."""
         hooks = self._hooks
         if self._layout is None or hooks.payload is None or hooks.merge is None:
             return {}

@@ -15,7 +15,7 @@ from launch.engine import engine_class
 from launch.engine.parallelize import reshard_after_forward
 from launch.errors import ConfigError
 from launch.runtime.process_group import check_backend
-from orscale.builder import PLACEMENTS
+from orscale import PLACEMENTS
 from tests.conftest import ROOT
 
 

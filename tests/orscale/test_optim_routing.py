@@ -11,6 +11,7 @@ from torch import nn
 
 from orscale import OPTIMIZER_NAMES, MuonFamily, OptimConfig, build_optimizers, lr_at, set_lr
 from orscale import OptimConfigError as ConfigError
+from orscale.registry import optimizer_spec
 from orscale.routing import canonical_name
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,7 +53,7 @@ def test_every_param_in_exactly_one_optimizer(model: nn.Module, name: str) -> No
         g = opts[0].param_groups[0]
         assert g["betas"] == (0.9, 0.95) and g["eps"] == 1e-8 and g["weight_decay"] == 0.1
         return
-    if name in ("cbp", "lamb", "lars"):  # one optimizer over every tensor: >= 2-D and 1-D groups
+    if optimizer_spec(name).routing == "elementwise":  # one optimizer over every tensor: >= 2-D and 1-D groups
         (opt,) = opts
         assert [g["role"] for g in opt.param_groups] == ["matrices", "vectors"]
         mats, vecs = opt.param_groups

@@ -102,7 +102,7 @@ def test_owner_muon_family_is_built_like_build_optimizers():
     """orscale.distributed.zero copies build_optimizers' MuonFamily arguments: guard against drift."""
     from models import GPT, get_preset
     from orscale import build_optimizers
-    from orscale.distributed.zero import muon_family_kwargs
+    from orscale.factories import muon_family_kwargs
     from orscale.muon_family import MuonFamily
 
     cfg = _cfg("zero2", "orscale_lm_decoupled").optim

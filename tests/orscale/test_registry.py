@@ -1,0 +1,135 @@
+"""The optimizer table (orscale/registry.py) and the schedule table (orscale/schedule.py): what they
+hold, what a record must say, and that the config checks, routing, builds and report read them."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from orscale import (
+    OPTIMIZER_NAMES,
+    PLACEMENTS,
+    VARIANTS,
+    OptimConfig,
+    OptimConfigError,
+    build_optimizers,
+    registry,
+    schedule,
+)
+from orscale.cbp import CBP
+from orscale.distributed.elementwise import sharded_class
+from orscale.optimizer_spec import ALL_PLACEMENTS, ZERO, OptimizerSpec
+from orscale.trust_ratio import LAMB
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_name_has_one_record_in_the_tables_order() -> None:
+    assert OPTIMIZER_NAMES[: len(VARIANTS) + 1] == ("adamw", *VARIANTS)
+    assert OPTIMIZER_NAMES[len(VARIANTS) + 1 : len(VARIANTS) + 4] == ("cbp", "lamb", "lars")
+    assert {registry.optimizer_spec(n).routing for n in VARIANTS} == {"matrices"}
+    assert registry.optimizer_spec("adamw").routing == "adamw"
+    assert registry.optimizer_spec("cbp").routing == "elementwise"
+    assert registry.find_optimizer("sgd") is None
+    assert len(registry.SPECS) == len({id(s) for s in registry.OPTIMIZERS.values()})
+    for spec in registry.SPECS:  # every family runs on every placement, ZeRO's owners included
+        assert set(spec.build) == set(ALL_PLACEMENTS), spec.names
+    assert registry.names_on(ZERO) == OPTIMIZER_NAMES
+
+
+def test_the_reports_labels_come_from_the_table_in_its_order() -> None:
+    from report.fmt import OPT_NAMES, opt_name, order
+
+    assert list(OPT_NAMES)[:9] == [
+        "adamw",
+        "muon_moonlight",
+        "orscale_lm",
+        "orscale_lm_transfer",  # report-only: after the name it refers to
+        "muon",
+        "orscale",
+        "cbp",
+        "lamb",
+        "lars",
+    ]
+    assert opt_name("muon_moonlight#ab12") == "Muon+Moonlight #ab12" and opt_name("mutrust") == "mutrust"
+    assert order(["lars", "zeta", "adamw", "orscale_lm_transfer"]) == ["adamw", "orscale_lm_transfer", "lars", "zeta"]
+
+
+def test_the_reports_hyperparameter_rows_follow_the_routing() -> None:
+    from report.markdown import _applies
+
+    assert all(_applies(n, "") for n in ("adamw", "cbp", "muon"))
+    assert not _applies("adamw", "muon") and not _applies("lamb", "trust")
+    assert _applies("muon", "muon") and not _applies("muon_moonlight#x", "trust")  # no trust ratio
+    assert _applies("orscale_lm", "trust") and _applies("orscale_lm_transfer", "trust")  # a report-only name
+
+
+def test_a_name_registered_twice_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(registry, "FAMILIES", (*registry.FAMILIES, "orscale.cbp_spec"))
+    with pytest.raises(ValueError, match="'cbp' is registered twice"):
+        registry._table()
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(routing="everything"), "routing must be one of adamw, matrices, elementwise"),
+        (dict(routing="elementwise"), "`groups` is given exactly for the elementwise routing"),
+        (dict(routing="adamw", build={"tpu": None}), "unknown placements"),
+    ],
+)
+def test_a_record_says_what_it_must(kw, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        OptimizerSpec(**{"names": ("x",), "build": {}, **kw})
+
+
+def test_family_checks_run_in_the_tables_order_after_the_shared_ones() -> None:
+    with pytest.raises(OptimConfigError, match=r"^optim\.eps must be > 0"):  # shared, before CBP's
+        OptimConfig(eps=0.0, cbp_rho=1.0)
+    with pytest.raises(OptimConfigError, match=r"^optim\.cbp_rho must be in \[0, 1\)"):
+        OptimConfig(cbp_rho=1.0, lars_trust_coefficient=0.0)  # checked whatever optim.name says
+    with pytest.raises(OptimConfigError, match=r"^optim\.lars_trust_coefficient must be > 0"):
+        OptimConfig(name="adamw", lars_trust_coefficient=0.0)
+
+
+def test_build_optimizers_takes_the_placement_by_position_or_as_backend() -> None:
+    def build(*args, **kw) -> list[str]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        return [type(o).__name__ for o in build_optimizers(model, OptimConfig(name="orscale_lm"), *args, **kw)]
+
+    assert build("none") == build(backend="none") == build() == ["MuonFamily", "AdamW"]
+    with pytest.raises(OptimConfigError, match=r"^backend must be one of none, ddp, fsdp for build_optimizers"):
+        build(backend="zero")
+    assert PLACEMENTS == ("none", "ddp", "fsdp")
+
+
+def test_the_sharded_class_of_an_elementwise_optimizer_is_one_named_class() -> None:
+    sharded = sharded_class(CBP)
+    assert sharded is sharded_class(CBP) and sharded.__name__ == "ShardedCBP" and issubclass(sharded, CBP)
+    assert sharded_class(LAMB) is not sharded and pickle.loads(pickle.dumps(sharded)) is sharded
+    p = nn.Parameter(torch.ones(3, 2))
+    p.grad = torch.ones(3, 2)
+    opt = sharded([p], lr=0.1)  # on plain tensors (one process) it is the class itself
+    twin = nn.Parameter(torch.ones(3, 2))
+    twin.grad = torch.ones(3, 2)
+    CBP([twin], lr=0.1).step()
+    opt.step()
+    assert torch.equal(p, twin)
+
+
+# ---------------------------------------------------------------- the schedule table
+def test_the_schedule_table_names_the_valid_schedules(monkeypatch) -> None:
+    assert list(schedule.SCHEDULES)[:2] == ["cosine", "wsd"]
+    with pytest.raises(OptimConfigError, match=r"^optim\.schedule must be one of cosine, wsd"):
+        OptimConfig(schedule="step")
+    step = schedule.Schedule(lambda optim, step, total: optim.lr * 0.5 ** (step // 10))
+    monkeypatch.setitem(schedule.SCHEDULES, "halving", step)  # a new schedule: one line in the table
+    cfg = OptimConfig(schedule="halving", lr=1.0)
+    assert [schedule.scheduled_lr(cfg, s, 100) for s in (0, 9, 10, 25)] == [1.0, 1.0, 0.5, 0.25]
+    schedule.check_schedule(cfg, 1)  # no check of its own against the run's length
+    with pytest.raises(OptimConfigError, match="set optim.schedule=wsd"):  # wsd's keys stay wsd's
+        OptimConfig(schedule="halving", decay_steps=3)
