@@ -1,9 +1,9 @@
 """The run configuration: YAML file + dotted CLI overrides -> the sections, composed.
 
 Each section lives beside its owner and checks itself on construction: `model:` in
-`models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`;
-`run:`, `train:` and `parallel:` belong to the launcher and live here. This module reads YAML,
-applies overrides, type-checks every key, and `resolve`s the result once against the launch's facts
+`models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`, `run:`
+and `train:` in `launch/train_config.py`; `parallel:` lives here. This module reads YAML, applies
+overrides, type-checks every key, and `resolve`s the result once against the launch's facts
 (launch/environment.py): the checks that span sections, then what `auto` and the world size decide.
 The sections themselves read no environment, and nothing changes the resolved config afterwards.
 
@@ -31,149 +31,14 @@ from launch.backends import AUTO, BACKEND_NAMES, backend_for, resolve_auto
 from launch.environment import EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
-from launch.runtime.attention import ATTENTION_BACKENDS, resolve_attention
+from launch.runtime.attention import resolve_attention
+from launch.train_config import RunConfig, TrainConfig, at_least, require
 from models.presets import ModelConfig
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
 
-DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
 PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
-ON_SAVE_ERROR: tuple[str, ...] = ("stop", "continue")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _at_least(section: str, obj: Any, **minima: float | tuple[float, str]) -> None:
-    """`<section>.<key> must be >= <minimum> (<note>), got <value>` for the first key below its minimum;
-    a minimum given as (minimum, note) says in the note what that value means."""
-    for key, spec in minima.items():
-        low, note = spec if isinstance(spec, tuple) else (spec, "")
-        value = getattr(obj, key)
-        _require(value >= low, f"{section}.{key} must be >= {low}{f' ({note})' if note else ''}, got {value}")
-
-
-@dataclass
-class RunConfig:
-    dir: str = "runs/tiny"
-    resume: str = "auto"  # auto | none | restart (damaged checkpoints moved aside, never deleted) | <a checkpoint>
-    overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
-    keep_checkpoints: int = 3  # newest complete checkpoints kept; older ones are deleted (0: keep all)
-    # A checkpoint (of another run dir) to start from while run.dir holds none of its own: a cooldown
-    # branch (launch.branch), a fine-tune. Only read; once run.dir has a checkpoint, auto resumes there.
-    init_from: str | None = None
-    # Interval checkpoints staged (copied to host) at their step and written by a background thread
-    # while training goes on; published only once complete (launch/checkpoint/async_writer.py).
-    async_save: bool = False
-
-    def __post_init__(self) -> None:
-        _require(bool(self.resume), "run.resume must be auto, none, restart or a checkpoint path")
-        _at_least("run", self, keep_checkpoints=(0, "0: keep all"))
-
-
-@dataclass
-class ProfileConfig:
-    """`train.profile`: torch.profiler traces of windows of steps, one chrome trace per rank and window
-    (launch/run/profiling.py). The window is torch.profiler.schedule's, counted in this launch's steps."""
-
-    enabled: bool = False
-    skip_first: int = 5  # steps before the first window (start-up, first allocations, compilation)
-    wait: int = 0  # steps between windows
-    warmup: int = 1  # steps traced and discarded before each window (the profiler's own start-up)
-    active: int = 3  # steps in each trace
-    repeat: int = 1  # windows (0: one after another until the run ends)
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-
-    def __post_init__(self) -> None:
-        _at_least("train.profile", self, skip_first=0, wait=0, warmup=0, repeat=0, active=(1, "steps in each trace"))
-
-
-@dataclass
-class MemorySnapshotConfig:
-    """`train.memory_snapshot` (CUDA only): the allocator's history over a window of this launch's steps,
-    dumped for pytorch.org/memory_viz, and on an out-of-memory error (launch/run/profiling.py)."""
-
-    enabled: bool = False
-    skip_first: int = 0  # steps before recording starts
-    steps: int = 3  # steps recorded, then dumped (0: until the run ends or runs out of memory)
-    max_entries: int = 100_000  # allocation events kept (the newest)
-
-    def __post_init__(self) -> None:
-        _at_least("train.memory_snapshot", self, skip_first=0, steps=(0, "0: to the end"), max_entries=1)
-
-
-@dataclass
-class SampleConfig:
-    """`train.sample`: a generated sample logged every `every` steps (launch/features/sample.py)."""
-
-    every: int = 0  # 0: never
-    prompt: str = "The"
-    max_new_tokens: int = 32
-    temperature: float = 0.0  # 0: greedy; else sampled at this temperature, seeded
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _at_least("train.sample", self, every=(0, "0: never"), max_new_tokens=1, temperature=(0, "0: greedy"))
-
-
-@dataclass
-class TrainConfig:
-    max_steps: int = 200
-    tokens_per_step: int = 8192  # global; reached by gradient accumulation
-    micro_batch_size: int = 8  # sequences per micro-batch per rank
-    seed: int = 42
-    log_every: int = 10
-    eval_every: int = 50
-    ckpt_every: int = 0  # 0: only the final checkpoint
-    ckpt_at: list[int] = field(default_factory=list)  # more steps to save at (a wsd run's branch points)
-    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
-    # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
-    tf32: bool = True
-    # F.scaled_dot_product_attention's kernel: auto (per board, as the device check measured it;
-    # launch/engine/attention.py) | default (torch's order) | flash | cudnn | efficient | math
-    attention: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda
-    progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
-    record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
-    skip_spikes: bool = False  # skip the update when loss or grad norm > mean + k·σ of the last steps
-    spike_window: int = 128  # steps in the rolling mean and σ (OLMo-core's rule)
-    spike_sigma: float = 6.0  # k
-    tensorboard: bool = False  # mirror metrics.jsonl to <run.dir>/tensorboard (needs tensorboard)
-    wandb: bool = False  # mirror metrics.jsonl to Weights & Biases in offline mode (needs wandb)
-    on_save_error: str = "stop"  # a checkpoint that cannot be written: stop (non-zero exit) | continue (retry later)
-    # Every thread's stack on stderr while a step has run this long without finishing, and again each
-    # interval while it lasts (a data read that never returns; 0: off). launch/runtime/stall_watch.py
-    stall_dump_s: float = 300.0
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)
-
-    def __post_init__(self) -> None:
-        _at_least("train", self, max_steps=1, tokens_per_step=1, spike_window=2)
-        _require(self.spike_sigma > 0, f"train.spike_sigma must be > 0, got {self.spike_sigma}")
-        _at_least("train", self, micro_batch_size=1, log_every=1, eval_every=(0, "0: only at the end"), ckpt_every=0)
-        _require(
-            all(isinstance(s, int) and s >= 1 for s in self.ckpt_at),
-            f"train.ckpt_at must be a list of steps >= 1, got {self.ckpt_at}",
-        )
-        _require(self.dtype in DTYPES, f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
-        _require(self.device in DEVICES, f"train.device must be auto, cpu or cuda, got {self.device!r}")
-        _require(
-            self.attention in ATTENTION_BACKENDS,
-            f"train.attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}",
-        )
-        _require(
-            self.on_save_error in ON_SAVE_ERROR,
-            f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
-        )
-        _at_least("train", self, stall_dump_s=(0, "0: off"))
 
 
 @dataclass
@@ -213,34 +78,34 @@ class ParallelConfig:
             self.compile = "blocks" if self.compile else "none"
         if isinstance(self.reshard_after_forward, bool):
             self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
-        _require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
-        _require(
+        require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
+        require(
             self.reshard_after_forward in ("auto", "true", "false"),
             f"parallel.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
         )
-        _require(
+        require(
             self.param_dtype in PARAM_DTYPES,
             f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
         )
-        _require(
+        require(
             self.backend in (*BACKEND_NAMES, AUTO),
             f"parallel.backend must be one of {', '.join(BACKEND_NAMES)} or auto; got {self.backend!r}",
         )
-        _require(
+        require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )
         for key in ("init_timeout_s", "comm_timeout_s"):
-            _require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
+            require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
         self._check_shape()
 
     def _check_shape(self) -> None:
         """What any world size checks of the mesh settings (`for_world` checks the rest)."""
-        _at_least("parallel", self, dp_replicate=(1, "1: no replication"))
-        _require(
+        at_least("parallel", self, dp_replicate=(1, "1: no replication"))
+        require(
             self.dp_shard == -1 or self.dp_shard >= 1,
             f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
         )
-        _at_least("parallel", self, muon_bucket_numel=1)
+        at_least("parallel", self, muon_bucket_numel=1)
 
     def for_world(self, world: int) -> ParallelConfig:
         """This section as it runs on `world` processes: backend auto resolved (none for one process,
@@ -250,18 +115,18 @@ class ParallelConfig:
         r = self.dp_replicate
         self._check_shape()
         backend_for(backend).check_layout(self)
-        _require(
+        require(
             world % r == 0,
             f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",
         )
         shard = world // r if self.dp_shard == -1 else self.dp_shard
         fix = f"parallel.dp_replicate={world // shard} or " if world % shard == 0 else ""
-        _require(
+        require(
             r * shard == world,
             f"parallel.dp_replicate ({r}) x parallel.dp_shard ({shard}) must equal the world size "
             f"({world}); set {fix}leave parallel.dp_shard unset (the rest of the world)",
         )
-        _require(
+        require(
             not self.muon_replica_split or (r > 1 and self.muon_mode == "owner"),
             "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
             f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
@@ -419,23 +284,23 @@ def fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> tuple[
 def validate(cfg: Config) -> None:
     """The checks that span sections (each section has checked itself on construction)."""
     t, d = cfg.train, cfg.data
-    _require(
+    require(
         t.tokens_per_step >= d.seq_len,
         f"train.tokens_per_step ({t.tokens_per_step}) must be at least one window of data.seq_len ({d.seq_len})",
     )
-    _require(
+    require(
         t.tokens_per_step % d.seq_len == 0,
         f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})",
     )
     context = cfg.model.resolve().max_seq_len
-    _require(
+    require(
         d.seq_len <= context,
         f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
         "lower data.seq_len or set model.max_seq_len",
     )
     backend_for(cfg.parallel.backend).check_param_dtype(cfg.parallel)
     windows = t.tokens_per_step // d.seq_len
-    _require(
+    require(
         windows % d.logical_shards == 0,
         f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
         f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
