@@ -8,7 +8,7 @@ from evals.eval_config import EvalConfigError
 from evals.task_data import EvalDataError
 from models.hf_mapping import ExportError
 from models.presets import ModelConfigError
-from orscale.optim_config import OptimConfigError
+from orscale.errors import OptimConfigError
 
 
 class UserError(ValueError):

@@ -6,10 +6,11 @@ from orscale.builder import build_optimizers
 from orscale.diagnostics import collect_diagnostics, matrix_class
 from orscale.distributed.ddp import ReplicatedMuonFamily
 from orscale.distributed.fsdp import ShardedMuonFamily
+from orscale.errors import OptimConfigError
 from orscale.model_optimizer import Muon, MuonFamilyWithAdamW, MuonMoonlight, OrScale, OrScaleLM
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
-from orscale.optim_config import OptimConfig, OptimConfigError
+from orscale.optim_config import OptimConfig
 from orscale.optimizer_spec import PLACEMENTS, OptimizerSpec
 from orscale.registry import OPTIMIZER_NAMES, OPTIMIZERS
 from orscale.routing import hidden_matrices

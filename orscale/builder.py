@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
+from orscale.errors import OptimConfigError
 from orscale.factories import adamw
-from orscale.optim_config import OptimConfig, OptimConfigError
+from orscale.optim_config import OptimConfig
 from orscale.optimizer_spec import PLACEMENTS, Exchange
 from orscale.registry import optimizer_spec
 from orscale.routing import route_parameters

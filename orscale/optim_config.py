@@ -5,11 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from orscale.errors import OptimConfigError
 from orscale.newton_schulz import NS_COEFFICIENT_SETS, NS_KERNELS
-
-
-class OptimConfigError(ValueError):
-    """A user error in the `optim:` section: one line naming the key and what would be valid."""
 
 
 @dataclass

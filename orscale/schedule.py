@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from orscale.optim_config import OptimConfigError
+from orscale.errors import OptimConfigError
 
 if TYPE_CHECKING:
     from orscale.optim_config import OptimConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 from records.points import SweepPlan
 from records.read import find_run_dirs, read_run, strict_json
-from report import markdown, plots
+from report import figures, markdown
 from report.analysis import analyse
 from report.runs import build_rows
 from report.selection import apply_plan, group_names
@@ -25,7 +25,7 @@ def build_report(runs_dir: Path, out_dir: Path) -> dict[str, Any]:
     pending = apply_plan(rows, runs_dir, plan)
     rep = analyse(runs_dir, runs, rows, plan, pending)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = plots.write_all(rep, out_dir)
+    pngs = figures.write_all(rep, out_dir)
     (out_dir / "report.md").write_text(markdown.render(rep, pngs))
     result = summary(rep)
     (out_dir / "summary.json").write_text(json.dumps(strict_json(result), indent=1, allow_nan=False))

@@ -1,15 +1,12 @@
-"""The report's figures: `write_all` draws each one (report/figures_training.py: curves, compute,
-diagnostics; report/figures_scaling.py: LR, both LRs, scaling, data efficiency,
-downstream) and records the numbers it plots in `Report.figures` (summary.json). The kit here:
-fixed colours per optimizer (scales are shades of it, lighter = smaller, with their own markers),
-axes, margins and saving (matplotlib's Figure + Agg canvas: no pyplot, no display)."""
+"""The kit the report's figures are drawn with (report/figures.py draws them): fixed colours per
+optimizer (scales are shades of it, lighter = smaller, with their own markers), axes, margins and
+saving (matplotlib's Figure + Agg canvas: no pyplot, no display)."""
 
 from __future__ import annotations
 
 import math
 import textwrap
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,43 +18,11 @@ from matplotlib.figure import Figure
 
 from report.fmt import human
 
-FILES = {  # kind -> file; the last three are drawn only when the logs have something to show
-    "curves": "val_loss_vs_tokens.png",
-    "params": "loss_vs_params.png",
-    "lr": "loss_vs_lr.png",
-    "diag": "muon_diagnostics.png",
-    "downstream": "accuracy_vs_val_loss.png",
-    "efficiency": "data_efficiency.png",
-    "lr_grid": "loss_vs_both_lrs.png",
-}
 COLORS = {"adamw": "#1f77b4", "muon_moonlight": "#ff7f0e", "orscale_lm": "#2ca02c", "orscale_lm_transfer": "#98df8a"}
 _OTHER = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 MARKERS = "osD^vP*Xh"
 LOSS = "val loss (nats/token)"
 LABEL_EVERY_DECADE_ONLY = 3.0
-
-
-def write_all(rep: Any, out_dir: Path) -> dict[str, str]:
-    """Draw every figure into out_dir; returns kind -> file name (relative to out_dir, for report.md)."""
-    from report import figures_scaling as sc
-    from report import figures_training as tr
-
-    drawers: dict[str, Callable[[Any, Path], Any]] = {
-        "curves": tr.curves,
-        "params": sc.params,
-        "lr": sc.lr,
-        "diag": tr.diagnostics,
-        "downstream": sc.downstream,
-        "efficiency": sc.efficiency,
-        "lr_grid": sc.lr_grid,
-    }
-    out = {}
-    for kind, draw in drawers.items():
-        if draw(rep, out_dir / FILES[kind]) is False:
-            (out_dir / FILES[kind]).unlink(missing_ok=True)  # an earlier report's figure with nothing to show now
-        else:
-            out[kind] = FILES[kind]
-    return out
 
 
 def color(name: str) -> str:

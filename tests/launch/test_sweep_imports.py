@@ -54,3 +54,42 @@ def test_the_sweep_modules_import_one_another_without_a_circle():
 def test_the_cycle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+PACKAGES = ("orscale", "models", "data", "launch", "evals", "records", "report")
+
+
+def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `path` imports when it runs (inside functions too): an import
+    under `if TYPE_CHECKING:` runs for the type checker alone and is left out."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found & modules
+
+
+def test_no_module_of_the_packages_imports_itself_round_a_circle():
+    """Every module of the packages (a package's __init__, which only gathers names, left out) against
+    every other: no chain of imports, lazy ones included, leads back to where it started."""
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    graph = {name: _runtime_imports(path, set(files)) - {name} for name, path in files.items()}
+    assert graph["orscale.optim_config"] and graph["report.build"], "the reading of imports found nothing"
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
