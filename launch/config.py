@@ -2,7 +2,8 @@
 
 Each section lives beside its owner and checks itself on construction: `model:` in
 `models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`, `run:`
-and `train:` in `launch/train_config.py`; `parallel:` lives here. This module reads YAML, applies
+and `train:` in `launch/train_config.py`, `parallel:` in `launch/parallel_config.py`, and a loop
+feature's own `train.<section>` in its file under launch/features/. This module reads YAML, applies
 overrides, type-checks every key, and `resolve`s the result once against the launch's facts
 (launch/environment.py): the checks that span sections, then what `auto` and the world size decide.
 The sections themselves read no environment, and nothing changes the resolved config afterwards.
@@ -21,117 +22,34 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from data.data_config import DataConfig
 from evals.eval_config import EvalConfig
-from launch.backends import AUTO, BACKEND_NAMES, backend_for, resolve_auto
+from launch.backends import backend_for
 from launch.environment import EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
+from launch.features.registry import feature_sections
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
+from launch.parallel_config import ParallelConfig
 from launch.runtime.attention import resolve_attention
-from launch.train_config import RunConfig, TrainConfig, at_least, require
+from launch.train_config import RunConfig, TrainConfig, require
 from models.presets import ModelConfig
-from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.optim_config import OptimConfig
 
-COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
-PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
-
-
-@dataclass
-class ParallelConfig:
-    # none | ddp | fsdp | zero1 | zero2 (launch/backends/) | auto: none for one process, fsdp when
-    # launched on several (resolved by `resolve`, so config.yaml records the backend that ran)
-    backend: str = "auto"
-    meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
-    activation_checkpointing: bool = False
-    # auto (blocks on CUDA, none on CPU) | none | blocks (each block, and the head with its loss) | model (whole)
-    compile: str | bool = "auto"
-    # FSDP2: free each block's gathered params after its forward (true), keep them for backward
-    # (false: faster, more memory), or auto (false on one node, true across nodes).
-    reshard_after_forward: str | bool = "auto"
-    # FSDP2 param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
-    # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
-    param_dtype: str = "auto"
-    muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
-    # Collective timeouts, seconds: start-up (process groups, rank 0's validation set and resume
-    # decision, the checkpoint load), then every collective from the first step on. A rank that stops
-    # answering ends the run after comm_timeout_s instead of hanging it (launch/runtime/hangs.py).
-    init_timeout_s: float = 1800.0
-    comm_timeout_s: float = 600.0
-    # HSDP (FSDP2 on a 2-D mesh): shard within groups of dp_shard ranks (a node), replicate across
-    # dp_replicate of them; dp_shard -1: the rest of the world (resolved here, recorded in config.yaml).
-    dp_replicate: int = 1
-    dp_shard: int = -1
-    # HSDP + Muon family: split the Newton–Schulz work across the replica groups too (1/R of the
-    # FLOPs per rank for Q rows sent across "replicate"; docs/scaling.md says when it pays).
-    muon_replica_split: bool = False
-    muon_overlap: bool = True  # owner exchange: bucket k+1 in flight while bucket k's NS runs
-    muon_bucket_numel: int = DEFAULT_BUCKET_NUMEL  # whole-matrix elements per exchange bucket
-
-    def __post_init__(self) -> None:
-        # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
-        if isinstance(self.compile, bool):
-            self.compile = "blocks" if self.compile else "none"
-        if isinstance(self.reshard_after_forward, bool):
-            self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
-        require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
-        require(
-            self.reshard_after_forward in ("auto", "true", "false"),
-            f"parallel.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
-        )
-        require(
-            self.param_dtype in PARAM_DTYPES,
-            f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
-        )
-        require(
-            self.backend in (*BACKEND_NAMES, AUTO),
-            f"parallel.backend must be one of {', '.join(BACKEND_NAMES)} or auto; got {self.backend!r}",
-        )
-        require(
-            self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
-        )
-        for key in ("init_timeout_s", "comm_timeout_s"):
-            require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
-        self._check_shape()
-
-    def _check_shape(self) -> None:
-        """What any world size checks of the mesh settings (`for_world` checks the rest)."""
-        at_least("parallel", self, dp_replicate=(1, "1: no replication"))
-        require(
-            self.dp_shard == -1 or self.dp_shard >= 1,
-            f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
-        )
-        at_least("parallel", self, muon_bucket_numel=1)
-
-    def for_world(self, world: int) -> ParallelConfig:
-        """This section as it runs on `world` processes: backend auto resolved (none for one process,
-        fsdp for several), dp_shard -1 resolved to the rest of the world; one-line ConfigError for a
-        mesh that does not fit: dp_replicate × dp_shard = the world size."""
-        backend = resolve_auto(self.backend, world)
-        r = self.dp_replicate
-        self._check_shape()
-        backend_for(backend).check_layout(self)
-        require(
-            world % r == 0,
-            f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",
-        )
-        shard = world // r if self.dp_shard == -1 else self.dp_shard
-        fix = f"parallel.dp_replicate={world // shard} or " if world % shard == 0 else ""
-        require(
-            r * shard == world,
-            f"parallel.dp_replicate ({r}) x parallel.dp_shard ({shard}) must equal the world size "
-            f"({world}); set {fix}leave parallel.dp_shard unset (the rest of the world)",
-        )
-        require(
-            not self.muon_replica_split or (r > 1 and self.muon_mode == "owner"),
-            "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
-            f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
-        )
-        return dataclasses.replace(self, backend=backend, dp_shard=shard)
+if TYPE_CHECKING:
+    TrainSections = TrainConfig
+else:
+    # `train:` with each loop feature's own section (`train.<section>`, launch/features/): a feature adds
+    # its section in its own file, and the config reads, checks and records it like any other.
+    TrainSections = dataclasses.make_dataclass(
+        "TrainSections",
+        [(name, options, field(default_factory=options)) for name, options in feature_sections()],
+        bases=(TrainConfig,),
+    )
+    TrainSections.__module__ = __name__  # so a pickled config finds its class here
 
 
 @dataclass
@@ -140,7 +58,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainSections = field(default_factory=TrainSections)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     # What `resolve` derived that the user should hear, said once logging is set up (launch/run/setup.py);

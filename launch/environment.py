@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launch.config import TrainConfig
+    from launch.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The launcher's own config sections: `run:` (where a run lives, how it resumes and checkpoints)
-and `train:` with its sub-sections (`train.profile`, `train.memory_snapshot`, `train.sample`). Each
-checks itself on construction with one-line `ConfigError`s; `launch/config.py` composes them with
-the other packages' sections and `parallel:`."""
+and `train:` with its sub-sections (`train.profile`, `train.memory_snapshot`). Each checks itself on
+construction with one-line `ConfigError`s; `launch/config.py` composes them with the other packages'
+sections, `parallel:` and the loop features' own sections (launch/features/)."""
 
 from __future__ import annotations
 
@@ -82,20 +82,6 @@ class MemorySnapshotConfig:
 
 
 @dataclass
-class SampleConfig:
-    """`train.sample`: a generated sample logged every `every` steps (launch/features/sample.py)."""
-
-    every: int = 0  # 0: never
-    prompt: str = "The"
-    max_new_tokens: int = 32
-    temperature: float = 0.0  # 0: greedy; else sampled at this temperature, seeded
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        at_least("train.sample", self, every=(0, "0: never"), max_new_tokens=1, temperature=(0, "0: greedy"))
-
-
-@dataclass
 class TrainConfig:
     max_steps: int = 200
     tokens_per_step: int = 8192  # global; reached by gradient accumulation
@@ -126,7 +112,6 @@ class TrainConfig:
     stall_dump_s: float = 300.0
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)
 
     def __post_init__(self) -> None:
         at_least("train", self, max_steps=1, tokens_per_step=1, spike_window=2)

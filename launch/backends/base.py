@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from launch.config import ParallelConfig
     from launch.engine.base import Engine
+    from launch.parallel_config import ParallelConfig
     from launch.runtime.process_group import DistEnv
     from models import GPT
     from orscale import OptimConfig

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from launch.config import ParallelConfig
+    from launch.parallel_config import ParallelConfig
     from launch.runtime.process_group import DistEnv
     from models import GPT
 

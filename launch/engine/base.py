@@ -18,10 +18,11 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from launch.checkpoint.portable import check_checkpoint_layout
-from launch.config import ParallelConfig, TrainConfig
 from launch.errors import ConfigError
+from launch.parallel_config import ParallelConfig
 from launch.runtime.attention import attention_context
 from launch.runtime.process_group import DistEnv, all_reduce_sum
+from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
 from orscale import OptimConfig
 from orscale.cbp import Centring

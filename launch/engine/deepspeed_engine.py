@@ -25,10 +25,11 @@ from torch.profiler import record_function
 from launch.backends import ZeroBackend, backend_for, names_of
 from launch.checkpoint.async_writer import host_copy
 from launch.checkpoint.portable import MODEL, STATE, ZERO_FORMAT, ZERO_META, ZERO_TAG, FromRank0, dcp_entries
-from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine, checkpoint_layout
 from launch.engine.parallelize import build_model
 from launch.errors import ConfigError
+from launch.parallel_config import ParallelConfig
+from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
 from orscale import OptimConfig, set_lr
 from orscale.distributed.zero import ZeroShardedOptimizer

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from launch.backends import backend_for
-from launch.config import ParallelConfig
 from launch.environment import EnvFacts
+from launch.parallel_config import ParallelConfig
 from launch.runtime.process_group import DistEnv
 from models import GPT, GPTConfig
 

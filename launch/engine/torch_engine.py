@@ -18,10 +18,11 @@ from torch.profiler import record_function
 from launch.backends import backend_for
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_optimizer_state, read_weights
-from launch.config import ParallelConfig, TrainConfig
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, drops_gradients, no_sync
 from launch.errors import ConfigError
+from launch.parallel_config import ParallelConfig
+from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
 from orscale.factories import adamw_implementation

@@ -7,7 +7,7 @@ no-op here. A feature decides itself when it acts (its own policy: `train.eval_e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
@@ -25,8 +25,30 @@ class Feature:
     last, `close` always (also after an error, and when `start` never ran). A feature is made from
     the run's config alone (cheap, nothing started): what it builds, it builds in `start`."""
 
+    # Its own config section, `train.<section>` in YAML: a dataclass `Options` that checks itself on
+    # construction, composed into `train:` by launch/config.py. None: it reads the shared sections only.
+    section: ClassVar[str | None] = None
+    Options: ClassVar[type | None] = None
+    # Whether it only observes the run (a resume that changes its section is still the same run).
+    observes_only: ClassVar[bool] = False
+
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        """Whether a run with `cfg` has this feature (its own policy; default: always)."""
+        return True
+
+    @classmethod
+    def options_of(cls, cfg: Config) -> Any:
+        """Its section of `cfg` (an `Options`)."""
+        return getattr(cfg.train, str(cls.section))
+
+    @property
+    def options(self) -> Any:
+        """Its section of the run's config (an `Options`)."""
+        return self.options_of(self.cfg)
 
     def start(self, trainer: Trainer) -> None:
         """The run is built (engine, data, run directory, a checkpoint restored): before the first step."""

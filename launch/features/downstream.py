@@ -11,12 +11,17 @@ from launch.features.base import Feature
 from launch.features.validation import evaluation_step
 
 if TYPE_CHECKING:
+    from launch.config import Config
     from launch.trainer import Trainer
 
 log = logging.getLogger("orscale")
 
 
 class Downstream(Feature):
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        return bool(cfg.eval.tasks)
+
     def evaluate(self, trainer: Trainer, step: int) -> None:
         if not evaluation_step(self.cfg.train, step):
             return

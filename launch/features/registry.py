@@ -1,13 +1,13 @@
-"""The loop features, one line each: (name, whether a run's config enables it, its class). Their order
-is the order of their hooks' effects within a step (launch/features/base.py): the divergence check
-before the progress line it would stop, profiling's step before the metrics line, validation before the
-downstream tasks, the checkpoint last."""
+"""The loop features, one line each: (name, class); a feature says itself whether a run has it
+(`Feature.enabled`) and which config section it owns (`Feature.section`). Their order is the order of
+their hooks' effects within a step (launch/features/base.py): the divergence check before the progress
+line it would stop, profiling's step before the metrics line, validation before the downstream tasks,
+the checkpoint last."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from launch.config import Config
 from launch.features.base import Feature
 from launch.features.checkpointing import Checkpointing
 from launch.features.divergence import Divergence
@@ -22,24 +22,35 @@ from launch.features.stall_watch import StallWatching
 from launch.features.validation import Validation
 from launch.features.window_audit import WindowAuditing
 
-ALWAYS: Callable[[Config], bool] = lambda cfg: True  # noqa: E731
+if TYPE_CHECKING:
+    from launch.config import Config
 
-FEATURES: tuple[tuple[str, Callable[[Config], bool], type[Feature]], ...] = (
-    ("stall_watch", lambda cfg: cfg.train.stall_dump_s > 0, StallWatching),
-    ("preemption", ALWAYS, Preemption),
-    ("divergence", ALWAYS, Divergence),
-    ("progress", ALWAYS, ProgressReport),
-    ("reader_failure", ALWAYS, ReaderFailure),
-    ("window_audit", lambda cfg: cfg.train.record_windows, WindowAuditing),
-    ("profiling", ALWAYS, Profiling),
-    ("metrics", ALWAYS, Metrics),
-    ("validation", ALWAYS, Validation),
-    ("downstream", lambda cfg: bool(cfg.eval.tasks), Downstream),
-    ("sample", lambda cfg: cfg.train.sample.every > 0, Sample),
-    ("checkpointing", ALWAYS, Checkpointing),
+FEATURES: tuple[tuple[str, type[Feature]], ...] = (
+    ("stall_watch", StallWatching),
+    ("preemption", Preemption),
+    ("divergence", Divergence),
+    ("progress", ProgressReport),
+    ("reader_failure", ReaderFailure),
+    ("window_audit", WindowAuditing),
+    ("profiling", Profiling),
+    ("metrics", Metrics),
+    ("validation", Validation),
+    ("downstream", Downstream),
+    ("sample", Sample),
+    ("checkpointing", Checkpointing),
 )
 
 
 def build_features(cfg: Config) -> list[Feature]:
     """The features `cfg` enables, in the registry's order (made, not started)."""
-    return [feature(cfg) for _, enabled, feature in FEATURES if enabled(cfg)]
+    return [feature(cfg) for _, feature in FEATURES if feature.enabled(cfg)]
+
+
+def feature_sections() -> list[tuple[str, type]]:
+    """(section, Options) of each feature that owns a config section, in the registry's order."""
+    return [(f.section, f.Options) for _, f in FEATURES if f.section is not None and f.Options is not None]
+
+
+def observed_sections() -> list[str]:
+    """The sections of the features that only observe the run (changing them on resume is routine)."""
+    return [str(f.section) for _, f in FEATURES if f.section is not None and f.observes_only]

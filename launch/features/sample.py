@@ -9,6 +9,7 @@ once. Decoding lives here, not in the model: models/gpt.py stays a pure forward.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,11 +17,27 @@ import torch
 from data import TextTokenizer
 from launch.engine import Engine
 from launch.features.base import Feature
+from launch.train_config import at_least
 
 if TYPE_CHECKING:
+    from launch.config import Config
     from launch.trainer import Trainer
 
 log = logging.getLogger("orscale")
+
+
+@dataclass
+class SampleConfig:
+    """`train.sample`: a generated sample logged every `every` steps."""
+
+    every: int = 0  # 0: never
+    prompt: str = "The"
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0: greedy; else sampled at this temperature, seeded
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        at_least("train.sample", self, every=(0, "0: never"), max_new_tokens=1, temperature=(0, "0: greedy"))
 
 
 @torch.no_grad()
@@ -56,8 +73,16 @@ def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
 
 
 class Sample(Feature):
+    section = "sample"
+    Options = SampleConfig
+    observes_only = True  # it reads the model; it changes nothing in training
+
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        return cls.options_of(cfg).every > 0
+
     def evaluate(self, trainer: Trainer, step: int) -> None:
-        s = self.cfg.train.sample
+        s: SampleConfig = self.options
         if not (s.every and step % s.every == 0):
             return
         tokenizer = trainer.tokenizer

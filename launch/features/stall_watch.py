@@ -9,6 +9,7 @@ from launch.features.base import Feature
 from launch.runtime.stall_watch import StallWatch
 
 if TYPE_CHECKING:
+    from launch.config import Config
     from launch.trainer import Trainer
 
 
@@ -16,6 +17,10 @@ class StallWatching(Feature):
     """The watcher thread, beaten when each step begins (its read, evaluation and checkpoint included)."""
 
     watch: StallWatch | None = None
+
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        return cfg.train.stall_dump_s > 0
 
     def start(self, trainer: Trainer) -> None:
         self.watch = StallWatch(self.cfg.train.stall_dump_s)

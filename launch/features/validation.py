@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from launch.config import TrainConfig
 from launch.evaluation import validation_loss
 from launch.features.base import Feature
+from launch.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer

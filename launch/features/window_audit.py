@@ -11,6 +11,7 @@ from launch.features.base import Feature
 from launch.run.run_dir import WindowAudit
 
 if TYPE_CHECKING:
+    from launch.config import Config
     from launch.trainer import Trainer
 
 
@@ -18,6 +19,10 @@ class WindowAuditing(Feature):
     """This rank's audit file, continued at the step the run starts from."""
 
     audit: WindowAudit | None = None
+
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        return cfg.train.record_windows
 
     def start(self, trainer: Trainer) -> None:
         env = trainer.env

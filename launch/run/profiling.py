@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from launch.config import TrainConfig
 from launch.errors import ConfigError, UserError
 from launch.run import cuda_memory
+from launch.train_config import TrainConfig
 
 log = logging.getLogger("orscale")
 

@@ -16,10 +16,11 @@ from typing import Any
 import yaml
 
 from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
-from launch.config import RunConfig
 from launch.errors import ConfigError
+from launch.features.registry import observed_sections
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
+from launch.train_config import RunConfig
 from orscale.optim_config import OptimConfig
 from orscale.registry import find_optimizer
 from orscale.schedule import decay_steps
@@ -36,7 +37,7 @@ QUIET = (
     *(f"config.train.{k}" for k in ("log_every", "eval_every", "ckpt_every", "ckpt_at", "progress")),
     "config.train.profile.",  # traces and snapshots observe the run; they change nothing in it
     "config.train.memory_snapshot.",
-    "config.train.sample.",  # a generated sample reads the model; it changes nothing in training
+    *(f"config.train.{section}." for section in observed_sections()),  # features that only observe
     *(f"config.data.{k}" for k in ("encode_batch_docs", "val_batch_size", "prefetch_steps")),
     "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
     "config.parallel.compile",

@@ -18,9 +18,9 @@ from typing import Any, TextIO
 import torch
 import yaml
 
-from launch.config import TrainConfig
 from launch.errors import ConfigError
 from launch.run.provenance import environment, git_commit
+from launch.train_config import TrainConfig
 from records.read import strict_json  # the run records' one JSON rule, shared with the report
 
 log = logging.getLogger("orscale")

@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
-from launch.config import load_config
+from launch.config import load_config, to_dict
+from launch.errors import ConfigError
 from launch.features import FEATURES, Feature, build_features
 from launch.features.checkpointing import Checkpointing
 from launch.features.downstream import Downstream
+from launch.features.registry import feature_sections, observed_sections
+from launch.features.sample import SampleConfig
 from launch.features.window_audit import WindowAuditing
+from launch.run.resume import QUIET
 from launch.trainer import Trainer
 from models import GPT, GPTConfig
 from models.centered_linear import update_means
@@ -22,13 +27,13 @@ from tests.helpers import SMALL, TINY
 
 def _names(*overrides: str) -> list[str]:
     cfg = load_config(TINY, [*SMALL, *overrides])
-    kinds = {kind: name for name, _, kind in FEATURES}
+    kinds = {kind: name for name, kind in FEATURES}
     return [kinds[type(f)] for f in build_features(cfg)]
 
 
 def test_the_registry_builds_the_features_a_config_enables_in_its_order():
     default = _names()
-    assert default == [name for name, _, _ in FEATURES if name in default]  # the registry's order
+    assert default == [name for name, _ in FEATURES if name in default]  # the registry's order
     assert {"preemption", "divergence", "metrics", "validation", "checkpointing"} <= set(default)
     assert "window_audit" not in default and "downstream" not in default  # off unless asked for
     assert "stall_watch" not in _names("train.stall_dump_s=0")
@@ -36,10 +41,27 @@ def test_the_registry_builds_the_features_a_config_enables_in_its_order():
     assert with_audit.index("window_audit") == with_audit.index("reader_failure") + 1
     # the order of effects: the divergence check before the progress line, profiling before metrics,
     # validation before the downstream tasks, the checkpoint last
-    order = [name for name, _, _ in FEATURES]
+    order = [name for name, _ in FEATURES]
     assert order.index("divergence") < order.index("progress") < order.index("metrics")
     assert order.index("profiling") < order.index("metrics") < order.index("validation") < order.index("downstream")
     assert order[-1] == "checkpointing"
+
+
+def test_a_feature_owns_its_config_section_read_checked_recorded_and_quiet_on_resume():
+    sections = dict(feature_sections())
+    assert sections == {"sample": SampleConfig}  # from the feature's own file, under its registry line
+    cfg = load_config(TINY, [*SMALL, "train.sample.every=2", "train.sample.prompt=Once"])
+    assert cfg.train.sample == SampleConfig(every=2, prompt="Once")
+    assert to_dict(cfg)["train"]["sample"]["prompt"] == "Once"  # config.yaml records it
+    assert to_dict(load_config(TINY, SMALL))["train"]["sample"] == dataclasses.asdict(SampleConfig())
+    with pytest.raises(
+        ConfigError, match=r"^unknown config key 'train.sample.evry'; did you mean 'train.sample.every'"
+    ):
+        load_config(TINY, [*SMALL, "train.sample.evry=2"])
+    with pytest.raises(ConfigError, match=r"^train.sample.max_new_tokens must be >= 1, got 0$"):
+        load_config(TINY, [*SMALL, "train.sample.max_new_tokens=0"])
+    assert "config.train.sample." in QUIET  # it only observes: a resume that changes it is routine
+    assert "config.train.divergence." not in QUIET and observed_sections() == ["sample"]
 
 
 class _Recorder(Feature):

@@ -1,0 +1,108 @@
+"""The `parallel:` section: how the model and optimizer are laid out over the ranks (the backend, FSDP2's
+settings, HSDP's mesh, the Muon family's owner exchange). Checks itself on construction with one-line
+`ConfigError`s; `for_world` checks and resolves what depends on the world size."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from launch.backends import AUTO, BACKEND_NAMES, backend_for, resolve_auto
+from launch.train_config import at_least, require
+from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
+
+COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
+PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class ParallelConfig:
+    # none | ddp | fsdp | zero1 | zero2 (launch/backends/) | auto: none for one process, fsdp when
+    # launched on several (resolved by `resolve`, so config.yaml records the backend that ran)
+    backend: str = "auto"
+    meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
+    activation_checkpointing: bool = False
+    # auto (blocks on CUDA, none on CPU) | none | blocks (each block, and the head with its loss) | model (whole)
+    compile: str | bool = "auto"
+    # FSDP2: free each block's gathered params after its forward (true), keep them for backward
+    # (false: faster, more memory), or auto (false on one node, true across nodes).
+    reshard_after_forward: str | bool = "auto"
+    # FSDP2 param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
+    # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
+    param_dtype: str = "auto"
+    muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
+    # Collective timeouts, seconds: start-up (process groups, rank 0's validation set and resume
+    # decision, the checkpoint load), then every collective from the first step on. A rank that stops
+    # answering ends the run after comm_timeout_s instead of hanging it (launch/runtime/hangs.py).
+    init_timeout_s: float = 1800.0
+    comm_timeout_s: float = 600.0
+    # HSDP (FSDP2 on a 2-D mesh): shard within groups of dp_shard ranks (a node), replicate across
+    # dp_replicate of them; dp_shard -1: the rest of the world (resolved here, recorded in config.yaml).
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    # HSDP + Muon family: split the Newton–Schulz work across the replica groups too (1/R of the
+    # FLOPs per rank for Q rows sent across "replicate"; docs/scaling.md says when it pays).
+    muon_replica_split: bool = False
+    muon_overlap: bool = True  # owner exchange: bucket k+1 in flight while bucket k's NS runs
+    muon_bucket_numel: int = DEFAULT_BUCKET_NUMEL  # whole-matrix elements per exchange bucket
+
+    def __post_init__(self) -> None:
+        # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
+        if isinstance(self.compile, bool):
+            self.compile = "blocks" if self.compile else "none"
+        if isinstance(self.reshard_after_forward, bool):
+            self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
+        require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
+        require(
+            self.reshard_after_forward in ("auto", "true", "false"),
+            f"parallel.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
+        )
+        require(
+            self.param_dtype in PARAM_DTYPES,
+            f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
+        )
+        require(
+            self.backend in (*BACKEND_NAMES, AUTO),
+            f"parallel.backend must be one of {', '.join(BACKEND_NAMES)} or auto; got {self.backend!r}",
+        )
+        require(
+            self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
+        )
+        for key in ("init_timeout_s", "comm_timeout_s"):
+            require(getattr(self, key) > 0, f"parallel.{key} must be > 0 seconds, got {getattr(self, key)}")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        """What any world size checks of the mesh settings (`for_world` checks the rest)."""
+        at_least("parallel", self, dp_replicate=(1, "1: no replication"))
+        require(
+            self.dp_shard == -1 or self.dp_shard >= 1,
+            f"parallel.dp_shard must be >= 1, or -1 for the rest of the world, got {self.dp_shard}",
+        )
+        at_least("parallel", self, muon_bucket_numel=1)
+
+    def for_world(self, world: int) -> ParallelConfig:
+        """This section as it runs on `world` processes: backend auto resolved (none for one process,
+        fsdp for several), dp_shard -1 resolved to the rest of the world; one-line ConfigError for a
+        mesh that does not fit: dp_replicate × dp_shard = the world size."""
+        backend = resolve_auto(self.backend, world)
+        r = self.dp_replicate
+        self._check_shape()
+        backend_for(backend).check_layout(self)
+        require(
+            world % r == 0,
+            f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",
+        )
+        shard = world // r if self.dp_shard == -1 else self.dp_shard
+        fix = f"parallel.dp_replicate={world // shard} or " if world % shard == 0 else ""
+        require(
+            r * shard == world,
+            f"parallel.dp_replicate ({r}) x parallel.dp_shard ({shard}) must equal the world size "
+            f"({world}); set {fix}leave parallel.dp_shard unset (the rest of the world)",
+        )
+        require(
+            not self.muon_replica_split or (r > 1 and self.muon_mode == "owner"),
+            "parallel.muon_replica_split=true splits Newton–Schulz owners across the replica groups: it needs "
+            f"parallel.dp_replicate > 1 (got {r}) and parallel.muon_mode=owner (got {self.muon_mode})",
+        )
+        return dataclasses.replace(self, backend=backend, dp_shard=shard)
