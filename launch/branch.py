@@ -28,18 +28,17 @@ one run").
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch.checkpoint import check_loadable, checkpoint_dirs, is_complete, read_meta
-from launch.config import Config, load_config, to_dict
+from launch.config import Config, load_config, read_config, resolve, to_dict
 from launch.engine import engine_class
+from launch.environment import EnvFacts
 from launch.errors import USER_ERRORS, UserError
 from launch.run.resume import refuse_incompatible
 from launch.run.setup import check_config
@@ -137,21 +136,6 @@ def plan_branches(
     return branches
 
 
-@contextlib.contextmanager
-def _launched_as(nproc: int) -> Iterator[None]:
-    """The environment's world size as the branch's launch will have it (a config resolves its
-    layout from WORLD_SIZE: parallel.backend=auto, parallel.dp_shard=-1)."""
-    before = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(nproc)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["WORLD_SIZE"]
-        else:
-            os.environ["WORLD_SIZE"] = before
-
-
 def check_overrides(extra: list[str]) -> None:
     """UserError (one line) for an override of what a branch sets itself or cannot change."""
     for item in extra:
@@ -169,8 +153,10 @@ def check_branch(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> 
     """What the branch's train.py would refuse at its start, checked now (one UserError line): its
     config with the user's overrides, on `nproc` processes, and the parent checkpoint it starts from.
     (Its config's warnings, if any, its train.py says.)"""
-    with _launched_as(nproc):
-        cfg = load_config(str(parent / "config.yaml"), [*branch.overrides(), *extra])
+    cfg = read_config(str(parent / "config.yaml"), [*branch.overrides(), *extra])
+    # resolved as the branch's launch will resolve it: parallel.backend=auto, parallel.dp_shard=-1
+    launch = dataclasses.replace(EnvFacts.from_env(cfg.train), world_size=nproc, local_world_size=nproc)
+    cfg = resolve(cfg, launch)
     check_config(cfg, nproc)
     problem = check_loadable(branch.start)
     if problem is not None:

@@ -144,6 +144,13 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = (), facts: EnvFacts | None = None) -> Config:
     """Read a YAML file (optional), apply dotted overrides, type-check, and `resolve` the result
     against `facts` (default: this process's, `EnvFacts.from_env`)."""
+    cfg = read_config(path, overrides)
+    return resolve(cfg, facts if facts is not None else EnvFacts.from_env(cfg.train))
+
+
+def read_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A YAML file (optional) with dotted overrides applied, type-checked, each section checked; not
+    yet resolved against a launch (`resolve`)."""
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -156,8 +163,7 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = (), f
         if not isinstance(tree, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections")
     tree = deep_merge(tree, parse_overrides(list(overrides)))
-    cfg = _build(Config, tree, "")
-    return resolve(cfg, facts if facts is not None else EnvFacts.from_env(cfg.train))
+    return _build(Config, tree, "")
 
 
 def resolve(cfg: Config, facts: EnvFacts) -> Config:

@@ -180,10 +180,14 @@ def _copy_of(parent: Path, to: Path, damage: str | None = None) -> Path:
         (None, ["train.max_steps=20"], "train.max_steps=20: give each branch's budget with --budgets"),
         (None, ["--nproc", "0"], "--nproc must be >= 1"),
         (None, ["--nproc", "3"], "data.logical_shards (4) must be a multiple of the world size (3)"),
+        (None, ["--nproc", "2", "parallel.backend=fsdp", "parallel.dp_replicate=4"], "divide the world size (2)"),
         (None, ["--decay-fraction", "1.5"], "--decay-fraction must be in (0, 1]"),
         (None, ["--decay-steps", "0"], "--decay-steps must be >= 1"),
     ],
-    ids=["bad-yaml", "bad-meta", "truncated-shard", "typo", "cosine", "own-key", "nproc-0", "nproc-3", "frac", "steps"],
+    ids=[
+        *("bad-yaml", "bad-meta", "truncated-shard", "typo", "cosine", "own-key", "nproc-0", "nproc-3"),
+        *("resolved-at-nproc", "frac", "steps"),
+    ],
 )
 def test_a_mistake_is_one_line_before_any_plan_or_run(parent, tmp_path, capsys, damage, args, said):
     """Each in one line and exit 2, before the plan is printed or any branch's train.py starts;
