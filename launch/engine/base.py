@@ -25,7 +25,7 @@ from launch.runtime.process_group import DistEnv, all_reduce_sum
 from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
 from orscale import OptimConfig
-from orscale.cbp import Centring
+from orscale.centring import Centring
 
 
 def checkpoint_layout(path: Path) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The loop features' registry (launch/features/registry.py), the trainer's hook calls
-(launch/trainer.py) and CBP's centring step as the engine calls it (orscale/cbp.py's Centring)."""
+(launch/trainer.py) and CBP's centring step as the engine calls it (orscale/centring.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from launch.run.resume import QUIET
 from launch.trainer import Trainer
 from models import GPT, GPTConfig
 from models.centered_linear import update_means
-from orscale.cbp import Centring
+from orscale.centring import Centring
 from tests.helpers import SMALL, TINY
 
 
