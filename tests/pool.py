@@ -18,7 +18,10 @@ process-group timeouts after every job (`tests/pool_worker.py`).
 A job that raises on any rank, or runs past its timeout, fails only its test: the error lines and
 each rank's log tail come back in the AssertionError (or, from `run_raw`, as values), and a pool
 that may be left inconsistent (a rank still inside a collective, a timeout) is restarted before the
-next job. Anchors read before writing this: PyTorch's `MultiProcContinuousTest`
+next job. A worker killed by a signal (a native crash: glibc's heap check aborted a long-lived
+worker once, in a FSDP2/DDP job after hundreds of jobs, not reproduced in isolation) restarts the
+pool and the job runs once more, with a `PoolRetryWarning` carrying the crash's log tail; a second
+crash fails the test. Anchors read before writing this: PyTorch's `MultiProcContinuousTest`
 (torch/testing/_internal/common_distributed.py) and OLMo-core's `run_distributed_test`.
 """
 
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, wait
@@ -59,6 +63,10 @@ class RankResult:
 
 class PoolJobError(AssertionError):
     """A pool job failed on some rank or timed out: every rank's error and log tail."""
+
+
+class PoolRetryWarning(UserWarning):
+    """A worker was killed by a signal during a job, which then ran again on a fresh pool."""
 
 
 class RankPool:
@@ -163,7 +171,22 @@ class RankPool:
         self, fn: Callable[..., Any], *args: Any, group: bool = True, timeout: float = JOB_TIMEOUT_S, **kwargs: Any
     ) -> list[RankResult]:
         """`fn(*args, **kwargs)` on every rank; each rank's RankResult, errors included. Raises
-        PoolJobError only when the job timed out or a worker died."""
+        PoolJobError only when the job timed out or a worker died; a worker killed by a signal gets
+        the job one more run on a fresh pool (with a PoolRetryWarning)."""
+        results, crashed = self._run_once(fn, args, kwargs, group, timeout, retry=True)
+        if crashed:
+            warnings.warn(
+                PoolRetryWarning(_describe(f"{_name(fn)}: a worker was killed by a signal; running it again", results)),
+                stacklevel=2,
+            )
+            results, _ = self._run_once(fn, args, kwargs, group, timeout, retry=False)
+        return results
+
+    def _run_once(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], group: bool, timeout: float, retry: bool
+    ) -> tuple[list[RankResult], bool]:
+        """One run of the job: each rank's result, and whether a worker was killed by a signal
+        (`retry`: the caller runs it again then, so a peer left waiting is not a timeout)."""
         if not self.alive:
             self._kill()
             self._start()
@@ -186,17 +209,22 @@ class RankPool:
                 try:
                     results[rank] = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    results[rank] = RankResult(rank, error=f"the worker died (exit {self._procs[rank].poll()})")
+                    try:
+                        code = self._procs[rank].wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    results[rank] = RankResult(rank, error=f"the worker died (exit {code})")
         for rank in range(self.nproc):
             tail = _tail(self._logs[rank], offsets[rank]) if self._logs else ""
             results.setdefault(rank, RankResult(rank, error=f"no answer within {timeout:g} s")).log = tail
         ordered = [results[r] for r in range(self.nproc)]
+        crashed = any((p.poll() or 0) < 0 for p in self._procs)  # before _kill's own SIGKILL
         if pending or any(r.error for r in ordered):
             # A rank that timed out, died or may have left a collective half done: start afresh.
             self._kill()
-        if pending:
+        if pending and not (crashed and retry):  # a peer of a crashed rank may wait in a collective
             raise PoolJobError(_describe(f"{_name(fn)} timed out after {timeout:g} s", ordered))
-        return ordered
+        return ordered, crashed
 
     def run_results(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[RankResult]:
         """`fn(*args, **kwargs)` on every rank; each rank's RankResult (its value and log tail).

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.pool import PoolJobError, _describe, rank_pool
+from tests.pool import PoolJobError, PoolRetryWarning, _describe, rank_pool
 
 pytestmark = pytest.mark.slow  # starts pools of processes
 
@@ -93,3 +93,29 @@ def test_a_job_leaves_nothing_behind():
 
 def test_a_job_without_a_group_sees_none():
     assert rank_pool(1).run(dist.is_initialized, group=False) == [False]
+
+
+def _abort_once_on_rank_one(marker: str) -> int:
+    """Rank 1 dies of SIGABRT (as glibc aborts on a corrupted heap) the first time; then all is well."""
+    if dist.get_rank() == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        print("crashing now", file=sys.stderr, flush=True)
+        os.abort()
+    return _rank_and_sum()[2]
+
+
+def _abort_on_rank_one() -> None:
+    if dist.get_rank() == 1:
+        os.abort()
+    dist.barrier()
+
+
+def test_a_worker_killed_by_a_signal_gets_the_job_one_more_run_and_says_so(tmp_path):
+    pool = rank_pool(2)
+    starts = pool.starts
+    with pytest.warns(PoolRetryWarning, match=r"(?s)killed by a signal; running it again.*exit -6.*crashing now"):
+        assert pool.run(_abort_once_on_rank_one, str(tmp_path / "crashed")) == [3.0, 3.0]
+    assert pool.starts == starts + 1
+    with pytest.warns(PoolRetryWarning), pytest.raises(PoolJobError, match=r"--- rank 1: the worker died \(exit -6\)"):
+        pool.run(_abort_on_rank_one, timeout=60)  # twice: it fails, as any other failure does
+    assert pool.run(_rank_and_sum) == [(0, 2, 3.0), (1, 2, 3.0)]
