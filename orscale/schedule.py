@@ -23,14 +23,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
 from orscale.errors import OptimConfigError
 
-if TYPE_CHECKING:
-    from orscale.optim_config import OptimConfig
+
+class ScheduleSettings(Protocol):
+    """What a schedule reads of the `optim:` section (``orscale.optim_config.OptimConfig``, which
+    imports this module for its checks: a protocol here keeps the import one way)."""
+
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float
+    schedule: str
+    decay_fraction: float | None
+    decay_steps: int | None
+    decay_shape: str | None
+
 
 DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown's shape
 DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
@@ -79,7 +90,7 @@ def wsd_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float, de
     return floor + (peak - floor) * _SHAPES[shape]((step - start) / decay)
 
 
-def decay_steps(optim: OptimConfig, total: int) -> int:
+def decay_steps(optim: ScheduleSettings, total: int) -> int:
     """A wsd cooldown's length in steps for a run of `total` steps (optim.decay_steps, or
     optim.decay_fraction of the run, 0.2 by default; at least one step)."""
     if optim.decay_steps is not None:
@@ -88,21 +99,21 @@ def decay_steps(optim: OptimConfig, total: int) -> int:
     return max(1, round(fraction * total))
 
 
-def _cosine(optim: OptimConfig, step: int, total: int) -> float:
+def _cosine(optim: ScheduleSettings, step: int, total: int) -> float:
     return lr_at(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio)
 
 
-def _wsd(optim: OptimConfig, step: int, total: int) -> float:
+def _wsd(optim: ScheduleSettings, step: int, total: int) -> float:
     shape = DEFAULT_DECAY_SHAPE if optim.decay_shape is None else optim.decay_shape
     return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
 
 
-def _constant(optim: OptimConfig, step: int, total: int) -> float:
+def _constant(optim: ScheduleSettings, step: int, total: int) -> float:
     """Warmup (the module's convention), then optim.lr to the end: no decay, no floor."""
     return optim.lr * (step + 1) / optim.warmup_steps if step < optim.warmup_steps else optim.lr
 
 
-def _wsd_checks(optim: OptimConfig) -> Checks:
+def _wsd_checks(optim: ScheduleSettings) -> Checks:
     """optim.decay_* belong to wsd: set only with it, and each in its range."""
     return [
         (
@@ -130,7 +141,7 @@ def _wsd_checks(optim: OptimConfig) -> Checks:
     ]
 
 
-def _wsd_fits(optim: OptimConfig, total: int) -> None:
+def _wsd_fits(optim: ScheduleSettings, total: int) -> None:
     decay = decay_steps(optim, total)
     if optim.warmup_steps + decay > total:
         raise OptimConfigError(
@@ -140,11 +151,11 @@ def _wsd_fits(optim: OptimConfig, total: int) -> None:
         )
 
 
-def _no_checks(optim: OptimConfig) -> Checks:
+def _no_checks(optim: ScheduleSettings) -> Checks:
     return []
 
 
-def _fits_any_run(optim: OptimConfig, total: int) -> None:
+def _fits_any_run(optim: ScheduleSettings, total: int) -> None:
     return None
 
 
@@ -154,9 +165,9 @@ class Schedule:
     run's total steps), the checks of the `optim:` keys it owns (run on every config, in the table's
     order), and its check against a run's length (`fits`: raises OptimConfigError)."""
 
-    lr: Callable[[OptimConfig, int, int], float]
-    checks: Callable[[OptimConfig], Checks] = _no_checks
-    fits: Callable[[OptimConfig, int], None] = _fits_any_run
+    lr: Callable[[ScheduleSettings, int, int], float]
+    checks: Callable[[ScheduleSettings], Checks] = _no_checks
+    fits: Callable[[ScheduleSettings, int], None] = _fits_any_run
 
 
 # The schedules by `optim.schedule` (the module docstring); a new one is a function and a line here.
@@ -167,7 +178,7 @@ SCHEDULES: dict[str, Schedule] = {
 }
 
 
-def schedule_checks(optim: OptimConfig) -> Checks:
+def schedule_checks(optim: ScheduleSettings) -> Checks:
     """The one-line checks of `optim.schedule` and of every schedule's own keys."""
     known = (
         optim.schedule in SCHEDULES,
@@ -176,12 +187,12 @@ def schedule_checks(optim: OptimConfig) -> Checks:
     return [known, *(check for schedule in SCHEDULES.values() for check in schedule.checks(optim))]
 
 
-def check_schedule(optim: OptimConfig, total: int) -> None:
+def check_schedule(optim: ScheduleSettings, total: int) -> None:
     """OptimConfigError (one line) for a schedule a run of `total` steps cannot follow."""
     SCHEDULES[optim.schedule].fits(optim, total)
 
 
-def scheduled_lr(optim: OptimConfig, step: int, total: int) -> float:
+def scheduled_lr(optim: ScheduleSettings, step: int, total: int) -> float:
     """optim.lr's value at 0-based step `step` of a run of `total` steps, by `optim.schedule`."""
     return SCHEDULES[optim.schedule].lr(optim, step, total)
 
