@@ -3,8 +3,9 @@
     A = X Xᵀ                 (X [k, m, n], m ≤ n: A [k, m, m] is symmetric)
     B = b·A + c·A·A          (A symmetric, so A·A = A Aᵀ is too, and so is B)
 
-Each computes the tiles on and above the diagonal only and writes every off-diagonal tile twice (as
-itself and mirrored), so these two products cost about half their FLOPs (modded-nanogpt's and
+Each computes the tiles on and above the diagonal only and writes each element on or above the
+diagonal twice (as itself and mirrored), so the results are exactly symmetric and these two
+products cost about half their FLOPs (modded-nanogpt's and
 Dion's kernels do the same). The arithmetic is NS₅'s: bf16 inputs, fp32 accumulation, B's
 epilogue c·acc + b·A in fp32, one rounding to bf16 on store, the same as `torch.bmm` /
 `torch.baddbmm` compute it (orscale/newton_schulz.py's `_iterate`, which stays the reference and
@@ -61,7 +62,7 @@ if AVAILABLE:
         j = tl.program_id(1)
         if i > j:
             return
-        batch = tl.program_id(2)
+        batch = tl.program_id(2).to(tl.int64)  # 64-bit: k·m·n may pass 2³¹ (one matrix stays under it)
         rows = i * BLOCK + tl.arange(0, BLOCK)
         cols = j * BLOCK + tl.arange(0, BLOCK)
         ks = tl.arange(0, BLOCK_K)
@@ -92,16 +93,23 @@ if AVAILABLE:
             )
         out = out_ptr + batch * stride_ob
         value = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out + rows[:, None] * stride_om + cols[None, :] * stride_on, value, mask=inside)
-        if i != j:  # the mirrored tile: element (r, c) of this one is (c, r) there
-            tl.store(out + cols[None, :] * stride_om + rows[:, None] * stride_on, value, mask=inside)
+        # Symmetric by construction: each element on or above the diagonal is stored as itself and
+        # mirrored (in a diagonal tile, (r, c) and (c, r) are separate sums that need not round alike;
+        # above the diagonal, i < j, every element of the tile is there).
+        keep = inside & (rows[:, None] <= cols[None, :])
+        tl.store(out + rows[:, None] * stride_om + cols[None, :] * stride_on, value, mask=keep)
+        tl.store(out + cols[None, :] * stride_om + rows[:, None] * stride_on, value, mask=keep)
+
+
+# (tile, k-step, warps) for large and for small (≤ 64-row) matrices: 128 × 64 with 8 warps on a GPU;
+# small tiles under the interpreter.
+GPU_TILES = ((128, 64, 8), (64, 64, 4))
+TILES = ((16, 16, 1), (16, 16, 1)) if _INTERPRET else GPU_TILES
 
 
 def _blocks(m: int) -> tuple[int, int, int]:
-    """(tile, k-step, warps): 128 × 64 with 8 warps on a GPU; small tiles for the interpreter."""
-    if _INTERPRET:
-        return 16, 16, 1
-    return (128, 64, 8) if m > 64 else (64, 64, 4)
+    """The tiling of an m-row product."""
+    return TILES[0] if m > 64 else TILES[1]
 
 
 def symmetric_product(x: Tensor, c: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> Tensor:
@@ -148,21 +156,32 @@ def usable(x: Tensor) -> bool:
 _VERIFIED: dict[str, bool] = {}
 
 
+def check_shapes() -> list[tuple[int, int, int]]:
+    """The self-check's batches: one spanning three tiles of the large-matrix tiling with a partial
+    last tile and an uneven k-step (off-diagonal and mirrored tiles, masked edges), one within the
+    small-matrix tile."""
+    big, big_k, _ = _blocks(1 << 20)
+    small, small_k, _ = _blocks(1)
+    return [(2, 2 * big + big // 2 + 3, 3 * big_k + 5), (2, small - 7, small_k + 9)]
+
+
 def verified(device: torch.device) -> bool:
-    """Once per process and device type: both kernels against torch's batched products on a small
-    random batch (odd sizes: partial tiles); a failure (no compiler, a wrong result) sends NS back
-    to the reference path with one warning instead of training on it."""
+    """Once per process and device type: both kernels against torch's batched products on the
+    `check_shapes()` batches; a failure (no compiler, a wrong result) sends NS back to the
+    reference path with one warning instead of training on it."""
     kind = device.type
     if kind not in _VERIFIED:
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(2, 80, 144, generator=gen).to(device, torch.bfloat16)
         try:
-            a = symmetric_product(x)
-            b = symmetric_product(a, a, alpha=2.0, beta=-1.5)
-            want_a = (x.float() @ x.float().mT).bfloat16()
-            want_b = (-1.5 * want_a.float() + 2.0 * (want_a.float() @ want_a.float())).bfloat16()
-            ok = _close(a, want_a) and _close(b, want_b)
-            reason = "differs from torch.bmm"
+            ok = True
+            for shape in check_shapes():
+                x = torch.randn(*shape, generator=gen).to(device, torch.bfloat16)
+                a = symmetric_product(x)
+                b = symmetric_product(a, a, alpha=2.0, beta=-1.5)
+                want_a = (x.float() @ x.float().mT).bfloat16()
+                want_b = (-1.5 * want_a.float() + 2.0 * (want_a.float() @ want_a.float())).bfloat16()
+                ok = ok and _close(a, want_a) and _close(b, want_b)
+            reason = "differ from torch.bmm"
         except Exception as err:  # a GPU image without a working Triton toolchain
             ok, reason = False, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
         if not ok:

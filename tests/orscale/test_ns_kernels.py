@@ -95,3 +95,25 @@ def test_the_kernels_halve_the_symmetric_products_at_1_1b() -> None:
     half = sum(ns_kernels.symmetric_flops(s, 5) for s in shapes)
     assert full == pytest.approx(61.64e12, rel=1e-3)
     assert half == pytest.approx(44.6e12, rel=0.01)
+
+
+def test_the_self_check_spans_several_tiles_with_uneven_edges(kernels, monkeypatch) -> None:
+    """`verified` runs the GPU's tiling (here under the interpreter): a batch of three tiles a side
+    with a partial last tile and a partial k-step, so off-diagonal, mirrored and masked tiles are
+    all checked, and the kernels pass it."""
+    monkeypatch.setattr(kernels, "TILES", kernels.GPU_TILES)
+    monkeypatch.setattr(kernels, "_VERIFIED", {})
+    grids, real = [], kernels._symmetric_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernels, "_symmetric_kernel", Spy())
+    assert kernels.verified(torch.device("cpu"))
+    shapes = kernels.check_shapes()
+    big = max(shapes, key=lambda s: s[1])
+    block, block_k, _ = kernels.GPU_TILES[0]
+    assert big[1] % block and big[2] % block_k  # partial last tile and k-step
+    assert max(g[0] for g in grids) >= 3 and all(g[0] == g[1] for g in grids)
