@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from models.centered_linear import CenteredLinear, update_means
 from orscale.cbp import CBP
-from orscale.trust_ratio import LAMB, LARS, trust_ratio_param_groups
+from orscale.lamb_lars import LAMB, LARS, trust_ratio_param_groups
 
 GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
 # Table 6: l.r., train loss (mean, sd), test loss, test acc (mean, sd), iters@0.30 (mean, sd).

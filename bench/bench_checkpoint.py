@@ -22,6 +22,7 @@ from launch.run.train_state import TrainState
 from launch.runtime.process_group import DistEnv
 from models import GPT, get_preset
 from orscale import OptimConfig, build_optimizers
+from orscale.muon_spec import MuonOptions
 
 
 def size_of(path: Path) -> int:
@@ -37,7 +38,7 @@ def main() -> None:
     for preset in args.presets:
         cfg = get_preset(preset, max_seq_len=64)
         model = GPT(cfg)
-        optimizers = build_optimizers(model, OptimConfig(name=args.optim, ns_steps=1))
+        optimizers = build_optimizers(model, OptimConfig(name=args.optim).with_options(MuonOptions(ns_steps=1)))
         idx = torch.randint(0, 50257, (1, 65))
         model(idx[:, :-1], idx[:, 1:]).backward()
         for opt in optimizers:
@@ -48,7 +49,7 @@ def main() -> None:
         path = Checkpointer(root, env, [ModelAndOptimizers(model, optimizers)], parts).save(1, {})
         save_s = time.perf_counter() - t0
         fresh = GPT(cfg)
-        fresh_opts = build_optimizers(fresh, OptimConfig(name=args.optim, ns_steps=1))
+        fresh_opts = build_optimizers(fresh, OptimConfig(name=args.optim).with_options(MuonOptions(ns_steps=1)))
         t0 = time.perf_counter()
         Checkpointer(root, env, [ModelAndOptimizers(fresh, fresh_opts)], parts).load(path)
         load_s = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from collections import Counter
 import torch
 
 from bench.op_bytes import OpCounts, count_ops
+from orscale.muon_spec import MuonOptions
 
 
 def muon_step_counts(
@@ -26,12 +27,14 @@ def muon_step_counts(
     `optim` over `preset`'s matrices, built on `meta` with fp32 weights and gradients."""
     from models import GPT, get_preset
     from orscale import MuonFamily, OptimConfig
-    from orscale.factories import muon_family_kwargs
+    from orscale.muon_spec import muon_family_kwargs
     from orscale.routing import route_parameters
 
     with torch.device("meta"):
         model = GPT(get_preset(preset))
-    cfg = OptimConfig(name=optim, ns_dtype=ns_dtype, compile_passes=False)  # meta: each pass counted as one op
+    cfg = OptimConfig(name=optim).with_options(
+        MuonOptions(ns_dtype=ns_dtype, compile_passes=False)
+    )  # meta: each pass counted as one op
     matrices = route_parameters(model, cfg).matrices
     opt = MuonFamily(matrices, **muon_family_kwargs(cfg))
     for _, p in matrices:

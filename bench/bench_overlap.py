@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from orscale.muon_spec import MuonOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 BUCKETS = (1 << 27, 1 << 21, 1 << 19, 1 << 17)  # whole-matrix elements (the first: one bucket)
 
@@ -51,7 +53,11 @@ def worker(args: argparse.Namespace) -> None:
                     fully_shard(block, mesh=mesh)
                 fully_shard(model, mesh=mesh)
                 opts = build_optimizers(
-                    model, OptimConfig(name="orscale_lm", ns_dtype="fp32"), "fsdp", overlap=overlap, bucket_numel=bucket
+                    model,
+                    OptimConfig(name="orscale_lm").with_options(MuonOptions(ns_dtype="fp32")),
+                    "fsdp",
+                    overlap=overlap,
+                    bucket_numel=bucket,
                 )
                 muon = next(o for o in opts if isinstance(o, MuonFamily))
                 set_lr([muon], 1e-3)

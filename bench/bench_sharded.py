@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from orscale.muon_spec import MuonOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = [
@@ -64,7 +66,12 @@ def worker(args: argparse.Namespace) -> None:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             module = DDP(model)
-        opts = build_optimizers(module, OptimConfig(name="orscale_lm", ns_dtype=ns_dtype), backend=backend, mode=mode)
+        opts = build_optimizers(
+            module,
+            OptimConfig(name="orscale_lm").with_options(MuonOptions(ns_dtype=ns_dtype)),
+            backend=backend,
+            mode=mode,
+        )
         muon = next(o for o in opts if isinstance(o, MuonFamily))
         matrix_bytes = sum(p.numel() * 4 for g in muon.param_groups for p in g["params"])
         n_matrices = sum(len(g["params"]) for g in muon.param_groups)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_phases import DevicePlan, RowSpec, emit, ns_flops, run_rows
+from orscale.muon_spec import MuonOptions
 
 # The A/B rows' changes: label -> (config overrides, eager head). Against the throughput row of the
 # same preset and optimizer, which runs the defaults.
@@ -64,7 +65,7 @@ def ns_ab(args: argparse.Namespace, plan: DevicePlan) -> None:
 
     from models import GPT, get_preset
     from orscale import MuonFamily, OptimConfig
-    from orscale.factories import muon_family_kwargs
+    from orscale.muon_spec import muon_family_kwargs
     from orscale.ns_kernels import symmetric_flops
     from orscale.routing import route_parameters
 
@@ -76,7 +77,9 @@ def ns_ab(args: argparse.Namespace, plan: DevicePlan) -> None:
         gen = torch.Generator(device=dev).manual_seed(0)
         for label in plan.ns_variants:
             compiled, kernel = NS_VARIANTS[label]
-            cfg = OptimConfig(name="orscale_lm", ns_dtype="bf16", compile_passes=compiled, ns_kernel=kernel)
+            cfg = OptimConfig(name="orscale_lm").with_options(
+                MuonOptions(ns_dtype="bf16", compile_passes=compiled, ns_kernel=kernel)
+            )
             params = [
                 (f"blocks.{i}.w", torch.nn.Parameter(torch.randn(s, device=dev, generator=gen) * 0.02))
                 for i, s in enumerate(shapes)
@@ -93,7 +96,7 @@ def ns_ab(args: argparse.Namespace, plan: DevicePlan) -> None:
                 torch.cuda.synchronize(dev)
             ms = [(b.elapsed_time(e) if dev.type == "cuda" else (e - b) * 1e3) for b, e in times]
             symmetric = kernel == "auto" and dev.type == "cuda"
-            flops = sum((symmetric_flops if symmetric else ns_flops)(s, cfg.ns_steps) for s in shapes)
+            flops = sum((symmetric_flops if symmetric else ns_flops)(s, cfg.own(MuonOptions).ns_steps) for s in shapes)
             step_ms = sum(ms) / len(ms)
             row = {"preset": preset, "variant": label, "compile_passes": compiled, "ns_kernel": kernel}
             row |= {"matrices": len(shapes), "opt_ms": step_ms, "ns_tflop": flops / 1e12}

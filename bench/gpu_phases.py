@@ -273,6 +273,7 @@ def measure(
     from launch.engine.torch_engine import TorchEngine
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import compute_dtype
+    from orscale.muon_spec import MuonOptions
     from orscale.routing import route_parameters
     from orscale.schedule import set_lr
 
@@ -332,7 +333,7 @@ def measure(
     flops = engine.model.flops_per_token(seq) * micro * seq  # attention non-causal (PaLM convention)
     causal = engine.model.flops_per_token(seq, causal=True) * micro * seq  # what flash attention executes
     matrices = route_parameters(engine.model, cfg.optim).matrices
-    ns = sum(ns_flops(tuple(p.shape), cfg.optim.ns_steps) for _, p in matrices)
+    ns = sum(ns_flops(tuple(p.shape), cfg.optim.own(MuonOptions).ns_steps) for _, p in matrices)
     peak = peak_tflops(env.device)  # dense bf16 TFLOP/s of the device by name (None: unknown, or a CPU)
     mfu = lambda f: f * plan.steps / wall / (peak * 1e12) if peak else None
     peak_mem = torch.cuda.max_memory_allocated(env.device) / 2**30 if cuda else None

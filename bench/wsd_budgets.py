@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orscale.schedule import WSDOptions
+
 ROOT = Path(__file__).resolve().parent.parent
 LADDER = [  # configs/sweeps/cpu_ladder.yaml's overrides and scale s2
     "data.tokenizer=assets/tokenizers/bpe4k_ladder",
@@ -98,7 +100,7 @@ def branch_starts(fraction: float) -> list[int]:
     from orscale import OptimConfig
     from orscale.schedule import decay_steps
 
-    length = OptimConfig(schedule="wsd", decay_fraction=fraction)
+    length = OptimConfig(schedule="wsd").with_options(WSDOptions(decay_fraction=fraction))
     return [b - decay_steps(length, b) for b in BUDGETS if b < WSD_TOTAL]
 
 

@@ -3,9 +3,9 @@ that packs each rank's training windows and the fixed validation set (docs/data.
 
 from data.data_config import DataConfig
 from data.data_errors import DataError
-from data.documents import Documents, TextDocuments, encode_documents, open_documents
+from data.documents import Documents, TextDocuments, encode_documents
 from data.loader import PackedLoader, build_val_set
-from data.sources import build_catalog, iter_documents, read_texts
+from data.sources.registry import build_catalog, iter_documents, open_documents, read_texts
 from data.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [

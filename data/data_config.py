@@ -1,24 +1,33 @@
-"""The `data:` section of a run config, checked where it is defined."""
+"""The `data:` section of a run config: the keys every source shares, checked on construction, and the
+sources' own sections (`data.<section>`, each the options dataclass its source owns: data/sources/)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from data.data_errors import DataError
+
+
+class Section(Protocol):
+    """An options class of a component's own sub-section, named by `section`."""
+
+    section: ClassVar[str]
+
+
+T = TypeVar("T", bound=Section)
 
 
 @dataclass
 class DataConfig:
     # Which source reads the corpus (data/sources/, docs/data.md): "auto" (local data_files, format
     # from each file's extension, or a data.prepare directory), "json" (JSON Lines) or "parquet" with
-    # data_files, "tokens" with data_files = [a `python -m data.prepare` output directory], or a hub
-    # dataset as owner/name (e.g. HuggingFaceFW/fineweb-edu: its parquet files). Relative paths
-    # resolve against the working directory, then the project root.
+    # data_files, "text" (.txt files), "tokens" with data_files = [a `python -m data.prepare` output
+    # directory], or a hub dataset as owner/name (e.g. HuggingFaceFW/fineweb-edu: its parquet files,
+    # settings in data.hub). Relative paths resolve against the working directory, then the project root.
     source: str = "auto"
-    subset: str | None = None  # hub config name, e.g. sample-10BT
-    revision: str | None = None  # hub branch, tag or commit (None: main); pin the commit a long run logs
     data_files: list[str] = field(default_factory=list)
-    split: str = "train"
     text_field: str = "text"
     tokenizer: str = "assets/tokenizers/gpt2"
     seq_len: int = 256
@@ -31,20 +40,20 @@ class DataConfig:
     shuffle_buffer: int = 256  # documents per logical shard held for shuffling (with shuffle=true)
     seed: int = 1234  # the data order's seed (train.seed is the model's)
     prefetch_steps: int = 2  # steps read, tokenised and packed ahead in a background thread; 0: inline
-    # Each hub HTTP request (resolution, footer, row group): retries of a 429/5xx/reset/stall after
-    # waits of hub_retry_wait_s doubling up to hub_retry_max_wait_s (+0-50% jitter, >= Retry-After),
-    # and its connect/read timeout (data/hub_http.py). The defaults ride out ~6 minutes of outage.
-    hub_retries: int = 10
-    hub_retry_wait_s: float = 1.0
-    hub_retry_max_wait_s: float = 60.0
-    hub_timeout_s: float = 60.0
+    sections: dict[str, Any] = field(default_factory=dict)  # the sources' own, by section name
 
     def __post_init__(self) -> None:
         self._check_fields()
-        # The registry reads files through modules that name this class: imported when it is checked.
-        from data.sources import source_of
 
-        source_of(self).check(self)
+    def own(self, options: type[T]) -> T:
+        """Section `options` (an options class with its `section` name) of this config: its defaults
+        when the config has none."""
+        found = self.sections.get(options.section)
+        return found if isinstance(found, options) else options()
+
+    def with_options(self, *options: Any) -> DataConfig:
+        """This config with `options` (options instances) as their sections."""
+        return dataclasses.replace(self, sections={**self.sections, **{o.section: o for o in options}})
 
     def _check_fields(self) -> None:
         checks = (
@@ -62,13 +71,6 @@ class DataConfig:
             (self.logical_shards >= 1, f"data.logical_shards must be >= 1, got {self.logical_shards}"),
             (self.piece_bytes >= 1024, f"data.piece_bytes must be >= 1024, got {self.piece_bytes}"),
             (self.shuffle_buffer >= 0, f"data.shuffle_buffer must be >= 0, got {self.shuffle_buffer}"),
-            (self.hub_retries >= 0, f"data.hub_retries must be >= 0 (0: no retries), got {self.hub_retries}"),
-            (
-                0 < self.hub_retry_wait_s <= self.hub_retry_max_wait_s,
-                f"data.hub_retry_wait_s ({self.hub_retry_wait_s}) must be > 0 and <= data.hub_retry_max_wait_s "
-                f"({self.hub_retry_max_wait_s})",
-            ),
-            (self.hub_timeout_s > 0, f"data.hub_timeout_s must be > 0 seconds, got {self.hub_timeout_s}"),
             (
                 self.prefetch_steps >= 0,
                 f"data.prefetch_steps must be >= 0 (0: no read-ahead), got {self.prefetch_steps}",

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from data.data_config import DataConfig
 from data.data_errors import first_line
 from data.notices import Notices
-from data.sources import build_catalog, read_texts, source_of
-from data.stream import Catalog
+from data.stream import Catalog, kept_texts
 from data.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from data.sources.base import Source
 
 log = logging.getLogger("orscale.data")
 
@@ -52,12 +54,15 @@ def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> list[np.ndar
 
 
 class TextDocuments:
-    """Pieces of a text corpus, tokenised in chunks of `data.encode_batch_docs` documents."""
+    """Pieces of a text corpus (read by `source`), tokenised in chunks of `data.encode_batch_docs`
+    documents."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer, catalog: Catalog | None = None) -> None:
-        self.cfg, self.tokenizer = cfg, tokenizer
-        source_of(cfg).connect(cfg)  # also in a data.prepare worker, which is given its catalog
-        self.catalog = catalog or build_catalog(cfg)
+    def __init__(
+        self, cfg: DataConfig, tokenizer: TextTokenizer, source: Source, catalog: Catalog | None = None
+    ) -> None:
+        self.cfg, self.tokenizer, self.source = cfg, tokenizer, source
+        source.connect(cfg)  # also in a data.prepare worker, which is given its catalog
+        self.catalog = catalog or source.catalog(cfg)
         self.pieces_opened = self.rows_read = 0  # instrumentation: read amplification (benchmarks, tests)
         self.notices = Notices(log)  # skipped rows: said once per run, then counted
 
@@ -66,7 +71,8 @@ class TextDocuments:
 
     def read(self, piece: int, start_row: int = 0) -> Iterator[np.ndarray | None]:
         self.pieces_opened += 1
-        texts = read_texts(self.catalog[piece], self.cfg.text_field, start_row, self.notices)
+        at = self.catalog[piece]
+        texts = kept_texts(self.source.read_rows(at, self.cfg.text_field, start_row), at, start_row, self.notices)
         while True:
             chunk = [t for _, t in zip(range(self.cfg.encode_batch_docs), texts, strict=False)]
             if not chunk:
@@ -79,9 +85,3 @@ class TextDocuments:
 
     def describe(self) -> dict:
         return {"source": self.cfg.source, **self.catalog.describe()}
-
-
-def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
-    """The documents of `cfg.source` as its source opens them (data/sources/): pre-tokenised shards,
-    or a text corpus tokenised as it is read."""
-    return source_of(cfg).open(cfg, tokenizer)

@@ -31,7 +31,7 @@ from data.data_errors import DataError
 from data.documents import Documents
 from data.notices import Passes
 from data.shard_stream import ShardStream
-from data.sources import source_of
+from data.sources.registry import source_of
 
 log = logging.getLogger("orscale.data")
 

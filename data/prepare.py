@@ -24,7 +24,8 @@ import yaml
 from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import TextDocuments
-from data.sources import build_catalog, source_of
+from data.sources.hub import HubOptions
+from data.sources.registry import build_catalog, source_of
 from data.sources.tokens import holds_shards
 from data.stream import Catalog, CorpusFile
 from data.token_shards import SHARDS_FORMAT, SHARDS_MANIFEST, shard_names, token_dtype
@@ -42,7 +43,7 @@ def prepare_file(cfg_fields: dict[str, Any], k: int, corpus_file: CorpusFile, ou
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per file already
     cfg, out_dir = DataConfig(**cfg_fields), Path(out)
     tokenizer = load_tokenizer(cfg.tokenizer)
-    docs = TextDocuments(cfg, tokenizer, Catalog([corpus_file], cfg.piece_bytes))
+    docs = TextDocuments(cfg, tokenizer, source_of(cfg), Catalog([corpus_file], cfg.piece_bytes))
     dtype = token_dtype(tokenizer.vocab_size)
     tokens_name, offsets_name = shard_names(k)
     offsets, pieces = [0], []
@@ -87,10 +88,11 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 1, progress: bool = True)
         raise DataError("data.source=tokens is already tokenised; give the config of the text corpus")
     tokenizer = load_tokenizer(cfg.tokenizer)
     catalog = build_catalog(cfg)
+    hub = cfg.own(HubOptions)
     source = {
         "source": cfg.source,
-        "subset": cfg.subset,
-        "split": cfg.split,
+        "subset": hub.subset,
+        "split": hub.split,
         "text_field": cfg.text_field,
         "piece_bytes": cfg.piece_bytes,
         "files": [f.path for f in catalog.files],

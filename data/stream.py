@@ -53,7 +53,8 @@ class CorpusFile:
     path: str
     kind: str
     units: int  # pieces in this file
-    size: int  # bytes (JSON Lines)
+    size: int  # bytes (line-based files)
+    row_groups: bool = False  # its pieces are its row groups (parquet), not byte ranges
 
 
 def hub_failure(err: BaseException) -> HubReadError | None:
@@ -139,10 +140,14 @@ def _parquet_file(path: str) -> Iterator[Any]:
         yield pf
 
 
+def describe_parquet(path: str) -> CorpusFile:
+    """A parquet file, one piece per row group (from its footer)."""
+    with _parquet_file(path) as pf:
+        return CorpusFile(path, "parquet", pf.metadata.num_row_groups, 0, row_groups=True)
+
+
 def describe_file(path: str, kind: str, piece_bytes: int) -> CorpusFile:
-    if kind == "parquet":
-        with _parquet_file(path) as pf:
-            return CorpusFile(path, kind, pf.metadata.num_row_groups, 0)
+    """A line-based file of `kind`, one piece per `piece_bytes` bytes (a compressed one: one piece)."""
     size = os.path.getsize(path)
     if compression(path):
         return CorpusFile(path, kind, 1, size)  # one piece: the whole stream
@@ -166,7 +171,7 @@ class Catalog:
             raise IndexError(index)
         k = bisect.bisect_right(self._first, index) - 1
         f, unit = self.files[k], index - self._first[k]
-        if f.kind == "parquet":
+        if f.row_groups:
             return Piece(index, f.path, f.kind, unit, 0, 0)
         if compression(f.path):
             return Piece(index, f.path, f.kind, 0, 0, f.size)

@@ -43,7 +43,7 @@ from launch.errors import USER_ERRORS, UserError
 from launch.run.resume import refuse_incompatible
 from launch.run.setup import check_config
 from launch.sweep.branches import cooldown
-from orscale.schedule import decay_steps
+from orscale.schedule import WSDOptions, decay_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 # The branch's layout is its own launch's (the parent's resolved backend and shard count were its world's).
@@ -107,7 +107,8 @@ def plan_branches(
     # published checkpoints by their directory's step (meta.json is read, and checked, once one is chosen)
     saved = {int(p.name.split("_")[1]): p for p in checkpoint_dirs(parent / "checkpoints") if is_complete(p)}
     if fraction is None and steps is None:  # the parent's own cooldown length (a share of it, or steps)
-        fraction, steps = optim.decay_fraction, optim.decay_steps
+        own = optim.own(WSDOptions)
+        fraction, steps = own.decay_fraction, own.decay_steps
     branches = []
     for budget in budgets:
         decay, first = cooldown(budget, fraction, steps)  # first: the branch's first cooldown step

@@ -2,15 +2,15 @@
 
 Each section lives beside its owner and checks itself on construction: `model:` in
 `models/presets.py`, `data:` in `data/data_config.py`, `optim:` in `orscale/optim_config.py`, `run:`
-and `train:` in `launch/train_config.py`, `parallel:` in `launch/parallel_config.py`, and a loop
-feature's own `train.<section>` in its file under launch/features/. This module reads YAML, applies
-overrides, type-checks every key, and `resolve`s the result once against the launch's facts
-(launch/environment.py): the checks that span sections, then what `auto` and the world size decide.
-The sections themselves read no environment, and nothing changes the resolved config afterwards.
+and `train:` in `launch/train_config.py`, `parallel:` in `launch/parallel_config.py`, `eval:` in
+`evals/eval_config.py`. A registered component with settings of its own (an optimizer family, a
+schedule, a data source, a loop feature) owns an options dataclass read from its own sub-section,
+`<section>.<its section>` (`optim.cbp`, `optim.wsd`, `data.hub`, `train.sample`); this module reads
+YAML, moves the keys of the format before those sub-sections to where they live now (one line each,
+records/config_keys.py), type-checks every key and composes the sections and sub-sections.
 
 Unknown keys, wrong types and impossible values raise `ConfigError` with one line that names the
-key and says what would be valid. Kept dependency-free (dataclasses + PyYAML) because the rules are
-small and the error messages matter more than generality.
+key and says what would be valid.
 """
 
 from __future__ import annotations
@@ -20,36 +20,29 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from data.data_config import DataConfig
+from data.sources.registry import source_of, source_options
 from evals.eval_config import EvalConfig
 from launch.backends import backend_for
 from launch.environment import EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
-from launch.features.registry import feature_sections
+from launch.features.registry import feature_options
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
 from launch.parallel_config import ParallelConfig
 from launch.runtime.attention import resolve_attention
 from launch.train_config import RunConfig, TrainConfig, require
 from models.presets import ModelConfig
+from orscale.adamw import adamw_auto
 from orscale.optim_config import OptimConfig
-
-if TYPE_CHECKING:
-    TrainSections = TrainConfig
-else:
-    # `train:` with each loop feature's own section (`train.<section>`, launch/features/): a feature adds
-    # its section in its own file, and the config reads, checks and records it like any other.
-    TrainSections = dataclasses.make_dataclass(
-        "TrainSections",
-        [(name, options, field(default_factory=options)) for name, options in feature_sections()],
-        bases=(TrainConfig,),
-    )
-    TrainSections.__module__ = __name__  # so a pickled config finds its class here
+from orscale.registry import optim_options, optimizer_spec, schedule_of
+from records.config_keys import upgrade
 
 
 @dataclass
@@ -58,12 +51,36 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainSections = field(default_factory=TrainSections)
+    train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # What `resolve` derived that the user should hear, said once logging is set up (launch/run/setup.py);
-    # not a setting: no YAML key, not in config.yaml.
+    # What reading and `resolve` found that the user should hear, said once logging is set up
+    # (launch/run/build.py): notes, and warnings of what may be a mistake; not settings: no YAML key,
+    # not in config.yaml.
     notes: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    warnings: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+
+SECTIONS = "sections"  # the field of a section that holds its components' sub-sections
+
+
+def component_options() -> dict[type, list[type[Any]]]:
+    """Each section's sub-sections: the options classes of its registered components."""
+    return {
+        OptimConfig: optim_options(),
+        DataConfig: source_options(),
+        TrainConfig: feature_options(),
+    }
+
+
+def chosen_options(cfg: Config) -> dict[type, list[type[Any]]]:
+    """The sub-sections `cfg`'s components read: its optimizer's and schedule's, its data source's,
+    and every loop feature's (a feature's section says whether the run has it)."""
+    return {
+        OptimConfig: [*optimizer_spec(cfg.optim.name).options, *schedule_of(cfg.optim.schedule).options],
+        DataConfig: list(source_of(cfg.data).options),
+        TrainConfig: feature_options(),
+    }
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -102,25 +119,36 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+def _build(cls: type, data: dict[str, Any], prefix: str, parts: dict[type, list[type[Any]]]) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != SECTIONS}
+    own = {o.section: o for o in parts.get(cls, [])}
     kwargs: dict[str, Any] = {}
+    sections: dict[str, Any] = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(unknown_key("config key", str(key), sorted(names), prefix))
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, dict):
-                raise ConfigError(f"config key '{full}' must be a mapping, got {value!r}")
-            kwargs[key] = _build(tp, value, f"{full}.")  # type: ignore[arg-type]  # a dataclass type here
+        if key in own:
+            sections[key] = _build_section(own[key], value, full, parts)
+        elif key not in names:
+            raise ConfigError(unknown_key("config key", str(key), sorted(names | set(own)), prefix))
+        elif dataclasses.is_dataclass(hints[key]):
+            kwargs[key] = _build_section(hints[key], value, full, parts)
         else:
-            kwargs[key] = _coerce(value, tp, full)
+            kwargs[key] = _coerce(value, hints[key], full)
+    if own:
+        kwargs[SECTIONS] = {
+            name: sections.get(name) or _build(o, {}, f"{prefix}{name}.", parts) for name, o in own.items()
+        }
     try:
         return cls(**kwargs)
     except SECTION_ERRORS as err:
         raise ConfigError(str(err)) from None
+
+
+def _build_section(cls: Any, value: Any, full: str, parts: dict[type, list[type[Any]]]) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{full}' must be a mapping, got {value!r}")
+    return _build(cls, value, f"{full}.", parts)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -162,8 +190,71 @@ def read_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
             raise ConfigError(f"config file '{path}' is not valid YAML at {yaml_problem(err)}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections")
-    tree = deep_merge(tree, parse_overrides(list(overrides)))
-    return _build(Config, tree, "")
+    return config_from_tree(deep_merge(tree, parse_overrides(list(overrides))))
+
+
+def config_from_tree(tree: dict[str, Any]) -> Config:
+    """The config of `tree`, its sections as YAML writes them (a file with overrides, a run's
+    config.yaml): keys that moved read where they live now (said in `notes`), every key
+    type-checked, every section and its components' checks run."""
+    tree, moved = upgrade(tree)
+    cfg = _build(Config, tree, "", component_options())
+    try:
+        chosen = chosen_options(cfg)
+        for check_ok, message in optimizer_spec(cfg.optim.name).checks(cfg.optim):
+            require(check_ok, message)
+    except SECTION_ERRORS as err:
+        raise ConfigError(str(err)) from None
+    read = {f"{section_name(p)}.{o.section}" for p, os in chosen.items() for o in os}
+    cfg.notes = tuple(_moved_notes(moved, read))
+    cfg.warnings = tuple(_unread(tree, read))
+    return cfg
+
+
+def section_name(cls: type) -> str:
+    """The YAML key of a section class (`optim` for OptimConfig)."""
+    return next(f.name for f in dataclasses.fields(Config) if f.type in (cls, cls.__name__))
+
+
+def _moved_notes(moved: Iterable[tuple[str, tuple[str, ...]]], read: set[str]) -> list[str]:
+    """One line per key of the earlier format: where it lives now (a key that stayed where it was and
+    also set a component's own key: said where that component runs)."""
+    notes = []
+    for old, new in moved:
+        if old not in new:
+            notes.append(f"config key '{old}' is now '{' and '.join(new)}' (read as that; write it so)")
+            continue
+        taken = [key for key in new if key != old and key.rsplit(".", 1)[0] in read]
+        if taken:
+            notes.append(f"config key '{old}' also set '{' and '.join(taken)}' (its own key now; write that)")
+    return notes
+
+
+def _unread(tree: dict[str, Any], read: set[str]) -> list[str]:
+    """One line per sub-section `tree` sets that none of the run's components reads (a sweep's base
+    config may set one optimizer's options for every optimizer): it is not recorded."""
+    lines = []
+    for parent, options in component_options().items():
+        name = section_name(parent)
+        section = tree.get(name)
+        given = section if isinstance(section, dict) else {}
+        for o in options:
+            key = f"{name}.{o.section}"
+            if o.section in given and key not in read:
+                lines.append(f"{key} is set but this run does not use its component (another {name} choice): ignored")
+    return lines
+
+
+def keep_chosen(cfg: Config) -> Config:
+    """`cfg` with only the sub-sections its components read (what config.yaml records)."""
+    out = copy.copy(cfg)
+    for parent, options in chosen_options(cfg).items():
+        name = section_name(parent)
+        section = getattr(cfg, name)
+        wanted = {o.section for o in options}
+        kept = {key: value for key, value in getattr(section, SECTIONS).items() if key in wanted}
+        setattr(out, name, dataclasses.replace(section, **{SECTIONS: kept}))
+    return out
 
 
 def resolve(cfg: Config, facts: EnvFacts) -> Config:
@@ -175,9 +266,7 @@ def resolve(cfg: Config, facts: EnvFacts) -> Config:
     FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach; `train.attention`
     auto becomes the backend measured fastest on this board, else torch's order;
     `train.micro_batch_size`: at most a rank's share of a step (`fit_micro_batch`, said in `notes`)."""
-    from orscale.factories import adamw_auto
-
-    resolved = copy.deepcopy(cfg)  # the sections are filled in below; the caller's stay as they were
+    resolved = keep_chosen(copy.deepcopy(cfg))  # filled in below; the caller's stays as it was
     resolved.parallel = cfg.parallel.for_world(facts.world_size)
     validate(resolved)
     parallel, optim, train = resolved.parallel, resolved.optim, resolved.train
@@ -188,7 +277,7 @@ def resolve(cfg: Config, facts: EnvFacts) -> Config:
     if train.attention == "auto":
         train.attention = resolve_attention("auto", facts.device_name if facts.cuda else None)
     train.micro_batch_size, note = fit_micro_batch(train, resolved.data.seq_len, facts.world_size)
-    resolved.notes = (note,) if note else ()
+    resolved.notes = (*cfg.notes, note) if note else cfg.notes
     return resolved
 
 
@@ -234,5 +323,18 @@ def validate(cfg: Config) -> None:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as config.yaml records it (its sections; not `notes`)."""
-    return {f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}
+    """The config as config.yaml records it (its sections, each with its sub-sections; not `notes`)."""
+    return {f.name: _record(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}
+
+
+def _record(section: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.name == SECTIONS:
+            out.update({name: _record(part) for name, part in value.items()})
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = _record(value)
+        else:
+            out[f.name] = copy.deepcopy(value)
+    return out

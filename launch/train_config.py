@@ -1,16 +1,24 @@
 """The launcher's own config sections: `run:` (where a run lives, how it resumes and checkpoints)
-and `train:` with its sub-sections (`train.profile`, `train.memory_snapshot`). Each checks itself on
-construction with one-line `ConfigError`s; `launch/config.py` composes them with the other packages'
-sections, `parallel:` and the loop features' own sections (launch/features/)."""
+and `train:` with its sub-sections (`train.profile`, `train.memory_snapshot`, and each loop feature's
+own, launch/features/). Each checks itself on construction with one-line `ConfigError`s;
+`launch/config.py` composes them with the other packages' sections."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from launch.errors import ConfigError
 from launch.runtime.attention import ATTENTION_BACKENDS
 
+
+class Section(Protocol):
+    """An options class of a component's own sub-section, named by `section`."""
+
+    section: ClassVar[str]
+
+
+T = TypeVar("T", bound=Section)
 DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 ON_SAVE_ERROR: tuple[str, ...] = ("stop", "continue")
@@ -112,6 +120,7 @@ class TrainConfig:
     stall_dump_s: float = 300.0
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)
+    sections: dict[str, Any] = field(default_factory=dict)  # the loop features' own, by section name
 
     def __post_init__(self) -> None:
         at_least("train", self, max_steps=1, tokens_per_step=1, spike_window=2)
@@ -132,3 +141,8 @@ class TrainConfig:
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
         )
         at_least("train", self, stall_dump_s=(0, "0: off"))
+
+    def own(self, options: type[T]) -> T:
+        """Section `options` (an options class with its `section` name): its defaults when unset."""
+        found = self.sections.get(options.section)
+        return found if isinstance(found, options) else options()

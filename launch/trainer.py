@@ -27,7 +27,7 @@ from launch.run.run_dir import RunDir
 from launch.run.train_state import TrainState
 from launch.runtime.hangs import set_comm_timeout
 from launch.runtime.process_group import DistEnv
-from orscale.schedule import scheduled_lr
+from orscale.registry import scheduled_lr
 
 log = logging.getLogger("orscale")
 

@@ -12,9 +12,9 @@ from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import newton_schulz, newton_schulz_many
 from orscale.optim_config import OptimConfig
 from orscale.optimizer_spec import PLACEMENTS, OptimizerSpec
-from orscale.registry import OPTIMIZER_NAMES, OPTIMIZERS
+from orscale.registry import OPTIMIZER_NAMES, OPTIMIZERS, SCHEDULES, check_schedule, scheduled_lr
 from orscale.routing import hidden_matrices
-from orscale.schedule import SCHEDULES, check_schedule, lr_at, scheduled_lr, set_lr
+from orscale.schedule import lr_at, set_lr
 from orscale.variants import VARIANTS, Variant
 
 __all__ = [

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from orscale.adamw import adamw
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 from orscale.errors import OptimConfigError
-from orscale.factories import adamw
 from orscale.optim_config import OptimConfig
 from orscale.optimizer_spec import PLACEMENTS, Exchange
 from orscale.registry import optimizer_spec

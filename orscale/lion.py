@@ -7,8 +7,8 @@ Per parameter p, gradient g, momentum m (fp32, zero at first), learning rate η,
     p ← p − η·(u + λ·p)        (decoupled decay: p·(1 − ηλ) − η·u)
     m ← β2·m + (1−β2)·g
 
-Its defaults are the paper's, β = (0.9, 0.99); in a run it takes `optim.lr`, `optim.betas` and
-`optim.weight_decay` (set optim.betas=[0.9,0.99] for the paper's). Every element moves by ±η, so
+Its defaults are the paper's, β = (0.9, 0.99); in a run it takes `optim.lr`, `optim.weight_decay` and
+its own `optim.lion.betas` (the paper's by default). Every element moves by ±η, so
 the paper runs it at an LR 3–10× below AdamW's and a decay as much larger. It routes like LAMB and
 LARS: every parameter, decay on tensors of 2 or more dims only (``per_tensor_groups``).
 
@@ -20,11 +20,13 @@ collective at all. No host sync; state is created eagerly; a group with lr = 0 i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, overload
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import torch
 from torch import Tensor
 
+from orscale.errors import require_all
 from orscale.optim_common import ParamsT, call_closure, grad_of
 from orscale.optimizer_spec import OptimizerSpec, elementwise_build, per_tensor_groups
 
@@ -106,8 +108,28 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
+@dataclass
+class LionOptions:
+    """`optim.lion`: Lion's two interpolation factors (the paper's by default)."""
+
+    section: ClassVar[str] = "lion"
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+
+    def __post_init__(self) -> None:
+        require_all(
+            [
+                (
+                    len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                    f"optim.lion.betas must be two numbers in [0, 1), got {self.betas}",
+                )
+            ]
+        )
+
+
 def _kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    return dict(lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay)
+    betas = cfg.own(LionOptions).betas
+    return dict(lr=cfg.lr, betas=(betas[0], betas[1]), weight_decay=cfg.weight_decay)
 
 
 SPECS = (
@@ -117,5 +139,6 @@ SPECS = (
         build=elementwise_build(Lion, _kwargs),
         labels={"lion": "Lion"},
         groups=per_tensor_groups,
+        options=(LionOptions,),
     ),
 )

@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import _device_dtype_check_for_fused, _get_scalar_dtype
 
+from orscale.adamw import adamw_implementation
 from orscale.distributed.ddp import ReplicatedMuonFamily
 from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.distributed.owners import MODES
-from orscale.factories import adamw_implementation
 from orscale.muon_family import MuonFamily
 from orscale.optim_common import ParamsT, call_closure, copy_state
 from orscale.routing import hidden_matrices

@@ -134,7 +134,7 @@ def _iterate(X: Tensor, schedule: list[tuple[float, float, float]]) -> Tensor:
 
 def _iterate_with(X: Tensor, schedule: list[tuple[float, float, float]], kernel: str) -> Tensor:
     if kernel == "auto":
-        from orscale import ns_kernels
+        import orscale.ns_kernels as ns_kernels
 
         if ns_kernels.usable(X):
             return ns_kernels.iterate_symmetric(X, schedule)

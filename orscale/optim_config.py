@@ -1,72 +1,65 @@
-"""The `optim:` section of a run config, checked where it is defined (on construction)."""
+"""The `optim:` section of a run config: the keys every optimizer shares, checked on construction, and
+the sections of the optimizer families and schedules (`optim.<section>`, each the options dataclass
+its component owns: docs/running.md, "The config")."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from orscale.errors import OptimConfigError
-from orscale.newton_schulz import NS_COEFFICIENT_SETS, NS_KERNELS
+from orscale.errors import require_all
+
+
+class Section(Protocol):
+    """An options class of a component's own sub-section, named by `section`."""
+
+    section: ClassVar[str]
+
+
+T = TypeVar("T", bound=Section)
 
 
 @dataclass
 class OptimConfig:
-    """The `optim:` section of a run config: which optimizer (`name`, a name of the optimizer table
-    ``orscale.registry``), its hyper-parameters and the LR schedule (a name of
-    ``orscale.schedule.SCHEDULES``); checked on construction (OptimConfigError): the shared keys here,
-    each optimizer's and schedule's own keys by its table entry. The trainer builds its optimizers
-    from it (``build_optimizers``); its keys are the fields below (flat, as the YAML writes them)."""
+    """`name` is a name of the optimizer table (``orscale.registry``), `schedule` one of its schedules;
+    the AdamW group (token embedding = tied head, norm gains; every parameter outside the blocks' 2-D
+    weights) has its own peak LR and decay in every family. `sections`: the families' and schedules'
+    own options by section name (`optim.muon`, `optim.wsd`, ...), read by launch/config.py; a
+    section left out is its defaults (`own`)."""
 
     name: str = "adamw"
     lr: float = 1e-3  # the peak LR of the hidden matrices (every parameter's unless adamw_lr is set)
     weight_decay: float = 0.1
-    # The AdamW group (token embedding = tied head, norm gains; every parameter outside the blocks'
-    # 2-D weights): its own peak LR and weight decay, in every optimizer family (for adamw itself and
-    # CBP/LAMB/LARS, those same parameters get their own param groups). null: optim.lr / weight_decay,
-    # today's tied protocol bit for bit. One schedule shape, scaled per group.
+    # The AdamW group's peak LR and decay (null: optim.lr / weight_decay, the tied protocol); for adamw
+    # itself and the elementwise families those parameters get param groups of their own.
     adamw_lr: float | None = None
     adamw_weight_decay: float | None = None
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    exempt_norms_and_embeddings: bool = False  # AdamW: no decay on norm gains / embeddings
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's
+    eps: float = 1e-8  # AdamW's
+    exempt_norms_and_embeddings: bool = False  # no decay on norm gains / embeddings
     fused: str = "auto"  # AdamW's implementation: auto (fused on CUDA, foreach elsewhere) | fused | foreach
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_coefficients: str = "polar_express"  # polar_express | jordan
-    ns_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32 (fp32 for exact equality tests)
-    r_min: float = 0.1
-    r_max: float = 5.0
-    trust_eps: float = 1e-6
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
-    diagnostics: bool = True  # Muon family: per-matrix trust-ratio diagnostics (diag/ in metrics)
-    # Muon family: its elementwise passes around Newton–Schulz compiled into fused kernels (null: on
-    # CUDA) or run eager, op by op (orscale/muon_passes.py)
-    compile_passes: bool | None = None
-    # Newton–Schulz's X Xᵀ and b·A + c·A²: auto (symmetric Triton kernels for bf16 on CUDA, half their
-    # FLOPs; torch's where they do not apply) | torch (cuBLAS, the reference)
-    ns_kernel: str = "auto"
-    warmup_steps: int = 1000
-    min_lr_ratio: float = 0.0  # the schedule's floor as a fraction of the peak LR
-    # cosine: warmup, then cosine to the floor at the last step. wsd: warmup, the peak, then a cooldown
-    # over the last decay_steps (or decay_fraction of the run; default 0.2) of decay_shape (linear |
-    # 1-sqrt | cosine; default 1-sqrt, Hägele et al. 2024) to the floor (orscale.schedule).
+    # The LR schedule (a name of orscale.registry.SCHEDULES): warmup_steps of linear warmup, then the
+    # schedule's shape down to min_lr_ratio of the peak.
     schedule: str = "cosine"
-    decay_fraction: float | None = None
-    decay_steps: int | None = None
-    decay_shape: str | None = None
-    # CBP (optim.name=cbp; docs/cbp.md; checked by orscale/cbp_spec.py). Its paper uses betas
-    # (0.9, 0.999): set optim.betas.
-    cbp_zeta: float = 1e-3  # M3 damping ζ added to √v̂
-    cbp_rho: float = 0.99  # M1 energy EMA ρ
-    cbp_s_min: float = 0.1  # M1 clip of the block scale
-    cbp_s_max: float = 4.0
-    cbp_equalize: bool = True  # M1 on/off (the paper's ablations)
-    cbp_precondition: bool = True  # M3 on/off
-    lars_trust_coefficient: float = 1e-3  # η_tr of LARS (checked by orscale/trust_ratio.py)
+    warmup_steps: int = 1000
+    min_lr_ratio: float = 0.0
+    sections: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.validate()
+        require_all(self._checks())
+
+    def own(self, options: type[T]) -> T:
+        """Section `options` (an options class with its `section` name) of this config: its defaults
+        when the config has none."""
+        found = self.sections.get(options.section)
+        return found if isinstance(found, options) else options()
+
+    def with_options(self, *options: Any) -> OptimConfig:
+        """This config with `options` (options instances) as their sections."""
+        return dataclasses.replace(self, sections={**self.sections, **{o.section: o for o in options}})
 
     @property
     def own_adamw_group(self) -> bool:
@@ -83,70 +76,38 @@ class OptimConfig:
     def adamw_decay(self) -> float:
         return self.weight_decay if self.adamw_weight_decay is None else self.adamw_weight_decay
 
-    def validate(self) -> None:
-        """Raise OptimConfigError (one line) for a value no optimizer can run with."""
-        # The tables import the optimizers and schedules, whose modules import this one.
-        from orscale.registry import OPTIMIZER_NAMES, optimizer_checks
-        from orscale.schedule import schedule_checks
-
-        known = (
-            self.name in OPTIMIZER_NAMES,
-            f"optim.name {self.name!r} is not a known optimizer; valid: {', '.join(OPTIMIZER_NAMES)}",
-        )
-        checks = [known, *self._shared_checks(), *schedule_checks(self), *self._last_checks(), *optimizer_checks(self)]
-        for ok, message in checks:
-            if not ok:
-                raise OptimConfigError(message)
-
-    def _shared_checks(self) -> list[tuple[bool, str]]:
+    def _checks(self) -> list[tuple[bool, str]]:
         return [
+            (finite_number(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr!r}"),
             (
-                self.ns_coefficients in NS_COEFFICIENT_SETS,
-                f"optim.ns_coefficients must be one of {', '.join(NS_COEFFICIENT_SETS)}, got {self.ns_coefficients!r}",
-            ),
-            (
-                self.ns_kernel in NS_KERNELS,
-                f"optim.ns_kernel must be one of {', '.join(NS_KERNELS)}, got {self.ns_kernel!r}",
-            ),
-            (math.isfinite(self.lr) and self.lr > 0, f"optim.lr must be a finite number > 0, got {self.lr}"),
-            (
-                self.adamw_lr is None or (math.isfinite(self.adamw_lr) and self.adamw_lr > 0),
-                f"optim.adamw_lr must be a finite number > 0 or null (= optim.lr), got {self.adamw_lr}",
+                self.adamw_lr is None or (finite_number(self.adamw_lr) and self.adamw_lr > 0),
+                f"optim.adamw_lr must be a finite number > 0 or null (= optim.lr), got {self.adamw_lr!r}",
             ),
             (
                 self.adamw_weight_decay is None
-                or (math.isfinite(self.adamw_weight_decay) and self.adamw_weight_decay >= 0),
-                f"optim.adamw_weight_decay must be >= 0 or null (= optim.weight_decay), got {self.adamw_weight_decay}",
+                or (finite_number(self.adamw_weight_decay) and self.adamw_weight_decay >= 0),
+                "optim.adamw_weight_decay must be >= 0 or null (= optim.weight_decay), "
+                f"got {self.adamw_weight_decay!r}",
             ),
             (
-                math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-                f"optim.weight_decay must be >= 0, got {self.weight_decay}",
+                finite_number(self.weight_decay) and self.weight_decay >= 0,
+                f"optim.weight_decay must be >= 0, got {self.weight_decay!r}",
             ),
             (
                 len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                 f"optim.betas must be two numbers in [0, 1), got {self.betas}",
             ),
-            (0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}"),
-            (
-                0 < self.r_min <= self.r_max < math.inf,
-                f"optim.r_min ({self.r_min}) must be > 0 and <= optim.r_max ({self.r_max})",
-            ),
-            (
-                self.ns_dtype in ("auto", "bf16", "fp32"),
-                f"optim.ns_dtype must be auto, bf16 or fp32, got {self.ns_dtype!r}",
-            ),
+            (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
             (
                 self.fused in ("auto", "fused", "foreach"),
                 f"optim.fused must be auto, fused or foreach, got {self.fused!r}",
             ),
-            (self.ns_steps >= 1, f"optim.ns_steps must be >= 1, got {self.ns_steps}"),
             (0 <= self.grad_clip < math.inf, f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}"),
             (0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
         ]
 
-    def _last_checks(self) -> list[tuple[bool, str]]:
-        return [
-            (0 < self.trust_eps < math.inf, f"optim.trust_eps must be > 0, got {self.trust_eps}"),
-            (0 < self.eps < math.inf, f"optim.eps must be > 0, got {self.eps}"),
-        ]
+
+def finite_number(value: Any) -> bool:
+    """A real number (not a bool), neither NaN nor infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -15,6 +15,7 @@ import torch
 
 from orscale.distributed.elementwise import sharded_class
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL
+from orscale.errors import Checks
 from orscale.schedule import keep_lr_scales
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ ALL_PLACEMENTS: tuple[str, ...] = (*PLACEMENTS, ZERO)
 #   matrices     the hidden matrices to the family's optimizer, everything else to AdamW;
 #   elementwise  every parameter to the family's optimizer, in the param groups its `groups` makes.
 ROUTINGS: tuple[str, ...] = ("adamw", "matrices", "elementwise")
-
-Checks = list[tuple[bool, str]]  # (holds, the one-line OptimConfigError message when it does not)
 
 
 @dataclass(frozen=True)
@@ -89,6 +88,8 @@ class OptimizerSpec:
     * ``owner_hooks``: its ``OwnerHooks`` under a config.
     * ``labels``: name -> how the report writes it, in the report's order (names without one are
       written as they are).
+    * ``options``: the options classes of the `optim.<section>`s it reads (its own, and a family's
+      it extends), each a dataclass that checks itself on construction.
     """
 
     names: tuple[str, ...]
@@ -98,6 +99,7 @@ class OptimizerSpec:
     groups: Callable[[list[tuple[str, Any]], frozenset[int], OptimConfig], list[dict[str, Any]]] | None = None
     checks: Callable[[OptimConfig], Checks] = no_checks
     owner_hooks: Callable[[OptimConfig], OwnerHooks] = no_hooks
+    options: tuple[type[Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:

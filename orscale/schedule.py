@@ -23,30 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from orscale.errors import OptimConfigError
-
-
-class ScheduleSettings(Protocol):
-    """What a schedule reads of the `optim:` section (``orscale.optim_config.OptimConfig``, which
-    imports this module for its checks: a protocol here keeps the import one way)."""
-
-    lr: float
-    warmup_steps: int
-    min_lr_ratio: float
-    schedule: str
-    decay_fraction: float | None
-    decay_steps: int | None
-    decay_shape: str | None
-
+from orscale.errors import OptimConfigError, require_all
+from orscale.optim_config import OptimConfig
 
 DECAY_SHAPES: tuple[str, ...] = ("linear", "1-sqrt", "cosine")  # a wsd cooldown's shape
-DEFAULT_DECAY_FRACTION = 0.2  # a wsd cooldown's share of the run when neither length is set
-DEFAULT_DECAY_SHAPE = "1-sqrt"
-Checks = list[tuple[bool, str]]  # (holds, the one-line OptimConfigError message when it does not)
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -90,111 +74,109 @@ def wsd_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float, de
     return floor + (peak - floor) * _SHAPES[shape]((step - start) / decay)
 
 
-def decay_steps(optim: ScheduleSettings, total: int) -> int:
-    """A wsd cooldown's length in steps for a run of `total` steps (optim.decay_steps, or
-    optim.decay_fraction of the run, 0.2 by default; at least one step)."""
-    if optim.decay_steps is not None:
-        return optim.decay_steps
-    fraction = DEFAULT_DECAY_FRACTION if optim.decay_fraction is None else optim.decay_fraction
-    return max(1, round(fraction * total))
+@dataclass
+class WSDOptions:
+    """`optim.wsd`: the cooldown over the last `decay_steps` of a run (or `decay_fraction` of it; 0.2 when
+    neither is set), of `decay_shape` (linear | 1-sqrt | cosine; 1-sqrt, Hägele et al. 2024)."""
+
+    section: ClassVar[str] = "wsd"
+
+    decay_fraction: float | None = None
+    decay_steps: int | None = None
+    decay_shape: str = "1-sqrt"
+
+    def __post_init__(self) -> None:
+        require_all(
+            [
+                (
+                    self.decay_fraction is None or self.decay_steps is None,
+                    "optim.wsd.decay_fraction and optim.wsd.decay_steps both set the cooldown's length: set one",
+                ),
+                (
+                    self.decay_fraction is None or 0 < self.decay_fraction <= 1,
+                    f"optim.wsd.decay_fraction must be in (0, 1], got {self.decay_fraction}",
+                ),
+                (
+                    self.decay_steps is None or self.decay_steps >= 1,
+                    f"optim.wsd.decay_steps must be >= 1, got {self.decay_steps}",
+                ),
+                (
+                    self.decay_shape in DECAY_SHAPES,
+                    f"optim.wsd.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {self.decay_shape!r}",
+                ),
+            ]
+        )
+
+    def length(self, total: int) -> int:
+        """The cooldown's steps in a run of `total` steps (at least one)."""
+        if self.decay_steps is not None:
+            return self.decay_steps
+        return max(1, round((0.2 if self.decay_fraction is None else self.decay_fraction) * total))
 
 
-def _cosine(optim: ScheduleSettings, step: int, total: int) -> float:
+def decay_steps(optim: OptimConfig, total: int) -> int:
+    """A wsd cooldown's length in steps for a run of `total` steps (`WSDOptions.length`)."""
+    return optim.own(WSDOptions).length(total)
+
+
+def _cosine(optim: OptimConfig, step: int, total: int) -> float:
     return lr_at(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio)
 
 
-def _wsd(optim: ScheduleSettings, step: int, total: int) -> float:
-    shape = DEFAULT_DECAY_SHAPE if optim.decay_shape is None else optim.decay_shape
-    return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, decay_steps(optim, total), shape)
+def _wsd(optim: OptimConfig, step: int, total: int) -> float:
+    o = optim.own(WSDOptions)
+    return wsd_lr(step, optim.lr, optim.warmup_steps, total, optim.min_lr_ratio, o.length(total), o.decay_shape)
 
 
-def _constant(optim: ScheduleSettings, step: int, total: int) -> float:
+def _constant(optim: OptimConfig, step: int, total: int) -> float:
     """Warmup (the module's convention), then optim.lr to the end: no decay, no floor."""
     return optim.lr * (step + 1) / optim.warmup_steps if step < optim.warmup_steps else optim.lr
 
 
-def _wsd_checks(optim: ScheduleSettings) -> Checks:
-    """optim.decay_* belong to wsd: set only with it, and each in its range."""
-    return [
-        (
-            optim.schedule == "wsd"
-            or (optim.decay_fraction is None and optim.decay_steps is None and optim.decay_shape is None),
-            "optim.decay_fraction, decay_steps and decay_shape shape the cooldown of optim.schedule=wsd; "
-            f"this run has optim.schedule={optim.schedule}: set optim.schedule=wsd or leave them unset",
-        ),
-        (
-            optim.decay_fraction is None or optim.decay_steps is None,
-            "optim.decay_fraction and optim.decay_steps both set the cooldown's length: set one of them",
-        ),
-        (
-            optim.decay_fraction is None or 0 < optim.decay_fraction <= 1,
-            f"optim.decay_fraction must be in (0, 1], got {optim.decay_fraction}",
-        ),
-        (
-            optim.decay_steps is None or optim.decay_steps >= 1,
-            f"optim.decay_steps must be >= 1, got {optim.decay_steps}",
-        ),
-        (
-            optim.decay_shape is None or optim.decay_shape in DECAY_SHAPES,
-            f"optim.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {optim.decay_shape!r}",
-        ),
-    ]
-
-
-def _wsd_fits(optim: ScheduleSettings, total: int) -> None:
+def _wsd_fits(optim: OptimConfig, total: int) -> None:
     decay = decay_steps(optim, total)
     if optim.warmup_steps + decay > total:
         raise OptimConfigError(
             f"optim.schedule=wsd: warmup ({optim.warmup_steps}) and cooldown ({decay} steps) take more than "
             f"the run's {total} steps (train.max_steps); shorten optim.warmup_steps or the cooldown "
-            "(optim.decay_steps / decay_fraction)"
+            "(optim.wsd.decay_steps / decay_fraction)"
         )
 
 
-def _no_checks(optim: ScheduleSettings) -> Checks:
-    return []
-
-
-def _fits_any_run(optim: ScheduleSettings, total: int) -> None:
+def _fits_any_run(optim: OptimConfig, total: int) -> None:
     return None
 
 
 @dataclass(frozen=True)
+class Cooldown:
+    """A schedule whose runs of every length agree up to their cooldown (launch/branch): `length` of a
+    run of `total` steps, and `keys(decay)`, the overrides that give a run a cooldown of `decay` steps."""
+
+    length: Callable[[OptimConfig, int], int]
+    keys: Callable[[int], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """One `optim.schedule`: optim.lr's value at a step of a run (`lr`: config, 0-based step, the
-    run's total steps), the checks of the `optim:` keys it owns (run on every config, in the table's
-    order), and its check against a run's length (`fits`: raises OptimConfigError)."""
+    """One `optim.schedule`: optim.lr's value at a step of a run (`lr`: config, 0-based step, the run's
+    total steps), its check against a run's length (`fits`: raises OptimConfigError), the options
+    classes of the `optim.<section>`s it reads, and its cooldown when runs of every length share all
+    steps before it (None: they do not)."""
 
-    lr: Callable[[ScheduleSettings, int, int], float]
-    checks: Callable[[ScheduleSettings], Checks] = _no_checks
-    fits: Callable[[ScheduleSettings, int], None] = _fits_any_run
-
-
-# The schedules by `optim.schedule` (the module docstring); a new one is a function and a line here.
-SCHEDULES: dict[str, Schedule] = {
-    "cosine": Schedule(_cosine),
-    "wsd": Schedule(_wsd, _wsd_checks, _wsd_fits),
-    "constant": Schedule(_constant),
-}
+    lr: Callable[[OptimConfig, int, int], float]
+    fits: Callable[[OptimConfig, int], None] = _fits_any_run
+    options: tuple[type, ...] = ()
+    cooldown: Cooldown | None = None
 
 
-def schedule_checks(optim: ScheduleSettings) -> Checks:
-    """The one-line checks of `optim.schedule` and of every schedule's own keys."""
-    known = (
-        optim.schedule in SCHEDULES,
-        f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {optim.schedule!r}",
-    )
-    return [known, *(check for schedule in SCHEDULES.values() for check in schedule.checks(optim))]
-
-
-def check_schedule(optim: ScheduleSettings, total: int) -> None:
-    """OptimConfigError (one line) for a schedule a run of `total` steps cannot follow."""
-    SCHEDULES[optim.schedule].fits(optim, total)
-
-
-def scheduled_lr(optim: ScheduleSettings, step: int, total: int) -> float:
-    """optim.lr's value at 0-based step `step` of a run of `total` steps, by `optim.schedule`."""
-    return SCHEDULES[optim.schedule].lr(optim, step, total)
+COSINE = Schedule(_cosine)
+WSD = Schedule(
+    _wsd,
+    _wsd_fits,
+    (WSDOptions,),
+    Cooldown(decay_steps, lambda decay: {"optim.wsd.decay_steps": decay, "optim.wsd.decay_fraction": None}),
+)
+CONSTANT = Schedule(_constant)
 
 
 LR_SCALE = "lr_scale"  # routed param-group key: the group's peak LR over optim.lr (absent: 1)

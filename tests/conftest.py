@@ -45,7 +45,13 @@ def gpt2_tokenizer():
 
 
 def data_config(**kw):
+    """A `data:` section as a run reads it: its source's own keys (`subset`, ...) in its section, and
+    its source's checks run."""
     from data import DataConfig
+    from data.sources.hub import HubOptions
+    from data.sources.registry import source_of
+
+    hub = {key: kw.pop(key) for key in ("subset", "revision", "split") if key in kw}
 
     base = dict(
         source="json",
@@ -58,7 +64,9 @@ def data_config(**kw):
         piece_bytes=32768,
     )
     base.update(kw)
-    return DataConfig(**base)
+    cfg = DataConfig(**base).with_options(HubOptions(**hub))
+    source_of(cfg)
+    return cfg
 
 
 # ------------------------------------------------------------------ the tiers

@@ -5,7 +5,7 @@ corpus it names and how its pieces' rows are read (docs/data.md). Each source is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from data.data_config import DataConfig
 from data.data_errors import DataError
@@ -26,6 +26,7 @@ class Source:
     kinds: tuple[str, ...] = ()  # the `Piece.kind`s whose rows `read_rows` reads
     text = True  # documents are text, tokenised as they are read (False: token ids already)
     reads_hub = False  # its reads go through the Hub's retry policy (data/hub_http.py)
+    options: tuple[type[Any], ...] = ()  # the options classes of its own `data.<section>`s
 
     def claims(self, cfg: DataConfig) -> bool:
         """Whether `cfg.source` names this source."""
@@ -48,6 +49,6 @@ class Source:
 
     def open(self, cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:
         """The corpus as token arrays, piece by piece."""
-        from data.documents import TextDocuments  # documents reads through the registry: imported when called
+        from data.documents import TextDocuments  # documents names this class: imported when called
 
-        return TextDocuments(cfg, tokenizer)
+        return TextDocuments(cfg, tokenizer, self)

@@ -1,5 +1,5 @@
 """A Hugging Face Hub dataset (`data.source=<owner>/<name>`, e.g. HuggingFaceFW/fineweb-edu, with
-`data.subset`, `data.split` and `data.revision`): the parquet files of a split as `datasets`
+`data.hub.subset`, `.split` and `.revision`): the parquet files of a split as `datasets`
 resolves them, read by row group through `huggingface_hub`'s file system with this project's
 retries (data/hub_http.py). A local directory laid out as a hub dataset reads the same way.
 docs/data.md, "Streaming from the Hub"."""
@@ -8,33 +8,67 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
 
 from data.data_config import DataConfig
 from data.data_errors import DataError, first_line
 from data.sources.base import Source
-from data.stream import Catalog, Piece, describe_file, hub_failure, parquet_rows
+from data.stream import Catalog, Piece, describe_parquet, hub_failure, parquet_rows
 
 log = logging.getLogger("orscale.data")
+
+
+@dataclass
+class HubOptions:
+    """`data.hub`: which part of the dataset, and each HTTP request's (resolution, footer, row group)
+    retries of a 429/5xx/reset/stall after waits of `retry_wait_s` doubling up to `retry_max_wait_s`
+    (+0-50% jitter, >= Retry-After) and its connect/read timeout (data/hub_http.py). The defaults ride
+    out ~6 minutes of outage."""
+
+    section: ClassVar[str] = "hub"
+
+    subset: str | None = None  # the dataset's config name, e.g. sample-10BT
+    split: str = "train"
+    revision: str | None = None  # branch, tag or commit (None: main); pin the commit a long run logs
+    retries: int = 10
+    retry_wait_s: float = 1.0
+    retry_max_wait_s: float = 60.0
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.retries >= 0, f"data.hub.retries must be >= 0 (0: no retries), got {self.retries}"),
+            (
+                0 < self.retry_wait_s <= self.retry_max_wait_s,
+                f"data.hub.retry_wait_s ({self.retry_wait_s}) must be > 0 and <= data.hub.retry_max_wait_s "
+                f"({self.retry_max_wait_s})",
+            ),
+            (self.timeout_s > 0, f"data.hub.timeout_s must be > 0 seconds, got {self.timeout_s}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise DataError(message)
 
 
 class Hub(Source):
     listed_as = "a Hub dataset as owner/name, e.g. HuggingFaceFW/fineweb-edu"
     kinds = ("parquet",)
     reads_hub = True
+    options = (HubOptions,)
 
     def claims(self, cfg: DataConfig) -> bool:
         return "/" in cfg.source  # a repository id (owner/name), or a directory laid out as one
 
     def connect(self, cfg: DataConfig) -> None:
         """Route this process's Hub requests through `cfg`'s retry policy and timeouts."""
-        from data import hub_http  # imports httpx2: only runs that read the Hub import it
+        import data.hub_http as hub_http  # imports httpx2: only runs that read the Hub import it
 
-        hub_http.install(
-            hub_http.RetryPolicy(cfg.hub_retries, cfg.hub_retry_wait_s, cfg.hub_retry_max_wait_s, cfg.hub_timeout_s)
-        )
+        o = cfg.own(HubOptions)
+        hub_http.install(hub_http.RetryPolicy(o.retries, o.retry_wait_s, o.retry_max_wait_s, o.timeout_s))
 
     def catalog(self, cfg: DataConfig) -> Catalog:
-        return Catalog([describe_file(p, "parquet", cfg.piece_bytes) for p in self.files(cfg)], cfg.piece_bytes)
+        return Catalog([describe_parquet(p) for p in self.files(cfg)], cfg.piece_bytes)
 
     def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
         return parquet_rows(piece, text_field, start_row)
@@ -44,18 +78,19 @@ class Hub(Source):
         from datasets import load_dataset_builder
 
         self.connect(cfg)
+        o = cfg.own(HubOptions)
         try:
-            builder = load_dataset_builder(cfg.source, name=cfg.subset, revision=cfg.revision)
-            files = [str(f) for f in builder.config.data_files[cfg.split]]
+            builder = load_dataset_builder(cfg.source, name=o.subset, revision=o.revision)
+            files = [str(f) for f in builder.config.data_files[o.split]]
         except Exception as err:
             failed = hub_failure(err)
             if failed is not None:
                 raise DataError(
-                    f"dataset '{cfg.source}' (subset {cfg.subset}) could not be resolved: {failed}; the Hub is "
-                    "down or rate-limiting: run the same command later (or raise data.hub_retries)"
+                    f"dataset '{cfg.source}' (subset {o.subset}) could not be resolved: {failed}; the Hub is "
+                    "down or rate-limiting: run the same command later (or raise data.hub.retries)"
                 ) from None
             raise DataError(
-                f"dataset '{cfg.source}' (subset {cfg.subset}) could not be opened: {first_line(err)}; "
+                f"dataset '{cfg.source}' (subset {o.subset}) could not be opened: {first_line(err)}; "
                 "offline, use data.source=json or parquet with data.data_files"
             ) from None
         if not files or not all(f.endswith(".parquet") for f in files):
@@ -63,7 +98,5 @@ class Hub(Source):
                 f"dataset '{cfg.source}' has data files that are not parquet ({files[:1]}); "
                 "only parquet hub datasets can be read by row group"
             )
-        log.info(
-            "data: %s (subset %s) resolved to %d parquet files at %s", cfg.source, cfg.subset, len(files), files[0]
-        )
+        log.info("data: %s (subset %s) resolved to %d parquet files at %s", cfg.source, o.subset, len(files), files[0])
         return files

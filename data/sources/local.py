@@ -11,7 +11,17 @@ from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.paths import resolve_path
 from data.sources.base import Source
-from data.stream import COMPRESSED, Catalog, Piece, compression, describe_file, json_rows, parquet_rows
+from data.stream import (
+    COMPRESSED,
+    Catalog,
+    CorpusFile,
+    Piece,
+    compression,
+    describe_file,
+    describe_parquet,
+    json_rows,
+    parquet_rows,
+)
 
 EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
 
@@ -83,8 +93,11 @@ class LocalFiles(Source):
     kinds = ("json", "parquet")
 
     def catalog(self, cfg: DataConfig) -> Catalog:
-        files = [describe_file(p, file_format(p, cfg.source), cfg.piece_bytes) for p in local_files(cfg)]
-        return Catalog(files, cfg.piece_bytes)
+        return Catalog([self._describe(p, cfg) for p in local_files(cfg)], cfg.piece_bytes)
+
+    def _describe(self, path: str, cfg: DataConfig) -> CorpusFile:
+        kind = file_format(path, cfg.source)
+        return describe_parquet(path) if kind == "parquet" else describe_file(path, kind, cfg.piece_bytes)
 
     def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
         read = parquet_rows if piece.kind == "parquet" else json_rows

@@ -8,6 +8,7 @@ dry run", says what each figure is and how it was checked.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,7 @@ from launch.run.setup import _accum_steps
 from launch.runtime.process_group import DistEnv
 from models import GPT
 from orscale.distributed.owners import OwnerMuonFamily
+from orscale.muon_spec import MuonOptions
 
 # The backends the fake world cannot run, by family, and why (the one line the dry run gives for them).
 UNSUPPORTED: dict[type[Backend], str] = {
@@ -187,8 +189,9 @@ def step_rank(
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
     if par.param_dtype == "auto" and chosen.shards_parameters:
         par.param_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"  # fsdp_mixed_precision on CUDA
-    if cfg.optim.ns_dtype == "auto":
-        cfg.optim.ns_dtype = "bf16"  # what the Muon family picks on CUDA
+    ns = cfg.optim.own(MuonOptions)
+    if ns.ns_dtype == "auto":  # what the Muon family picks on CUDA
+        cfg.optim = cfg.optim.with_options(dataclasses.replace(ns, ns_dtype="bf16"))
     if par.compile != "none":
         notes.append(f"parallel.compile={par.compile}: inductor's partition of each graph, run eager")
         if isinstance(chosen, DDPBackend):  # dynamo's DDPOptimizer trips on fake tensors

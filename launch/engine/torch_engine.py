@@ -25,7 +25,7 @@ from launch.parallel_config import ParallelConfig
 from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
 from orscale import OptimConfig, build_optimizers, collect_diagnostics, set_lr
-from orscale.factories import adamw_implementation
+from orscale.adamw import adamw_implementation
 from orscale.optim_common import place_loaded_state
 from orscale.routing import canonical_name
 

@@ -25,10 +25,9 @@ class Feature:
     last, `close` always (also after an error, and when `start` never ran). A feature is made from
     the run's config alone (cheap, nothing started): what it builds, it builds in `start`."""
 
-    # Its own config section, `train.<section>` in YAML: a dataclass `Options` that checks itself on
+    # Its own config section, `train.<Options.section>` in YAML: a dataclass that checks itself on
     # construction, composed into `train:` by launch/config.py. None: it reads the shared sections only.
-    section: ClassVar[str | None] = None
-    Options: ClassVar[type | None] = None
+    Options: ClassVar[type[Any] | None] = None
     # Whether it only observes the run (a resume that changes its section is still the same run).
     observes_only: ClassVar[bool] = False
 
@@ -43,7 +42,8 @@ class Feature:
     @classmethod
     def options_of(cls, cfg: Config) -> Any:
         """Its section of `cfg` (an `Options`)."""
-        return getattr(cfg.train, str(cls.section))
+        assert cls.Options is not None, f"{cls.__name__} has no config section"
+        return cfg.train.own(cls.Options)
 
     @property
     def options(self) -> Any:

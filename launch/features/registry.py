@@ -6,7 +6,7 @@ the checkpoint last."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launch.features.base import Feature
 from launch.features.checkpointing import Checkpointing
@@ -46,11 +46,11 @@ def build_features(cfg: Config) -> list[Feature]:
     return [feature(cfg) for _, feature in FEATURES if feature.enabled(cfg)]
 
 
-def feature_sections() -> list[tuple[str, type]]:
-    """(section, Options) of each feature that owns a config section, in the registry's order."""
-    return [(f.section, f.Options) for _, f in FEATURES if f.section is not None and f.Options is not None]
+def feature_options() -> list[type[Any]]:
+    """The options class of each feature that owns a config section (`train.<section>`)."""
+    return [f.Options for _, f in FEATURES if f.Options is not None]
 
 
 def observed_sections() -> list[str]:
     """The sections of the features that only observe the run (changing them on resume is routine)."""
-    return [str(f.section) for _, f in FEATURES if f.section is not None and f.observes_only]
+    return [f.Options.section for _, f in FEATURES if f.Options is not None and f.observes_only]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -30,6 +30,7 @@ log = logging.getLogger("orscale")
 class SampleConfig:
     """`train.sample`: a generated sample logged every `every` steps."""
 
+    section: ClassVar[str] = "sample"
     every: int = 0  # 0: never
     prompt: str = "The"
     max_new_tokens: int = 32
@@ -73,7 +74,6 @@ def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
 
 
 class Sample(Feature):
-    section = "sample"
     Options = SampleConfig
     observes_only = True  # it reads the model; it changes nothing in training
 

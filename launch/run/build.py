@@ -60,7 +60,7 @@ class Start:
 def start_launch(cfg: Config) -> Start:
     """The cheap checks (the same line on every rank: nothing is read or written before the config
     is known to be sound), then the process group, logging, TF32 and the micro-batch."""
-    warnings = check_config(cfg, launched_world_size())
+    warnings = [*cfg.warnings, *check_config(cfg, launched_world_size())]
     env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s, cfg.run.dir)
     setup_logging(env.rank)
     for line in warnings if env.is_main else []:  # the config's: once, not once per rank

@@ -16,14 +16,14 @@ from typing import Any
 import yaml
 
 from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
+from launch.config import config_from_tree
 from launch.errors import ConfigError
 from launch.features.registry import observed_sections
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
 from launch.train_config import RunConfig
-from orscale.optim_config import OptimConfig
-from orscale.registry import find_optimizer
-from orscale.schedule import decay_steps
+from orscale.registry import find_optimizer, schedule_of
+from orscale.schedule import Cooldown
 from records.read import read_metrics
 
 log = logging.getLogger("orscale")
@@ -47,8 +47,6 @@ QUIET = (
 # Still the same run (extend it), but a resume lists it among the changed settings: max_steps moves the
 # end of the LR schedule, so the resumed steps get other LRs than the checkpoint's run would have.
 HARMLESS = (*QUIET, "config.train.max_steps")
-# What a cooldown branch (launch/branch.py) changes of the run it starts from: its budget and its cooldown.
-BRANCH_KEYS = tuple(f"config.{k}" for k in ("train.max_steps", "optim.decay_steps", "optim.decay_fraction"))
 
 
 def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
@@ -141,9 +139,12 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], bran
     changes of that run's schedule (its budget, its cooldown) is what it is, said in one line instead."""
     old, new, changed = refuse_incompatible(saved, current)
     routine = [k for k in changed if not any(k.startswith(h) for h in QUIET)]
-    if branch_start is not None and new.get("config.optim.schedule") == "wsd":
-        log.info(_describe_branch(branch_start, old, current["config"]))
-        routine = [k for k in routine if k not in BRANCH_KEYS]
+    cooldown = schedule_of(str(new.get("config.optim.schedule"))).cooldown
+    if branch_start is not None and cooldown is not None:
+        log.info(_describe_branch(branch_start, old, current["config"], cooldown))
+        # what a cooldown branch (launch/branch.py) changes of its parent: its budget and its cooldown
+        own = {"config.train.max_steps", *(f"config.{key}" for key in cooldown.keys(1))}
+        routine = [k for k in routine if k not in own]
     if routine:
         log.warning(
             "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)
@@ -174,15 +175,17 @@ def refuse_incompatible(saved: dict[str, Any], current: dict[str, Any]) -> tuple
     return old, new, changed
 
 
-def _describe_branch(start: Path, old: dict[str, Any], config: dict[str, Any]) -> str:
+def _describe_branch(start: Path, old: dict[str, Any], config: dict[str, Any], cooldown: Cooldown) -> str:
     """'a cooldown branch of runs/wsd from its step 24: 60 steps (the parent's 32), the last 15 a wsd
     cooldown (from step 46)'."""
-    budget = int(config["train"]["max_steps"])
-    decay = decay_steps(OptimConfig(**config["optim"]), budget)
+    cfg = config_from_tree(config)
+    budget = cfg.train.max_steps
+    decay = cooldown.length(cfg.optim, budget)
     step = int(start.name.split("_")[-1]) if start.name.startswith("step_") else "?"
     return (
         f"a cooldown branch of {start.parent.parent} from its step {step}: {budget} steps (the parent's "
-        f"{old.get('config.train.max_steps')}), the last {decay} a wsd cooldown (from step {budget - decay + 1})"
+        f"{old.get('config.train.max_steps')}), the last {decay} a {cfg.optim.schedule} cooldown "
+        f"(from step {budget - decay + 1})"
     )
 
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from launch.sweep.cells import Cell, CellGroup, Sweep
 from launch.sweep.spec_values import fail
-from orscale import OptimConfig
-from orscale.schedule import decay_steps
+from orscale.schedule import WSDOptions
 from records.points import Point, point
 
 
@@ -33,7 +32,7 @@ def cooldown(budget: int, fraction: float | None, steps: int | None) -> tuple[in
     """(decay steps, first cooldown step) of a wsd run of `budget` steps that cools down over `steps`
     steps, or else over `fraction` of itself (orscale.schedule.decay_steps): a cooldown branch of that
     budget leaves the run it branches from at its first cooldown step (docs/running.md)."""
-    decay = decay_steps(OptimConfig(schedule="wsd", decay_fraction=fraction, decay_steps=steps), budget)
+    decay = WSDOptions(decay_fraction=fraction, decay_steps=steps).length(budget)
     return decay, budget - decay
 
 

@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from orscale.adamw import adamw
 from orscale.distributed.zero_layout import MatrixLayout, Span, build_layout, zero_group_layout
-from orscale.factories import adamw
 from orscale.optim_config import OptimConfig
 from orscale.optimizer_spec import ZERO, Exchange
 from orscale.registry import names_on, optimizer_spec

@@ -20,6 +20,7 @@ from data import (
     load_tokenizer,
     open_documents,
 )
+from data.sources.registry import source_of
 from tests.conftest import CORPUS, GPT2_DIR, SP_MODEL, data_config
 
 
@@ -369,7 +370,7 @@ def test_lone_surrogates_are_skipped_one_document_at_a_time(gpt2_tokenizer, capl
 def test_too_few_pieces_for_the_shards(tmp_path, gpt2_tokenizer):
     path = write_jsonl(tmp_path / "c.jsonl", ["word " * 200, "x y z", "a b c"])
     cfg = data_config(data_files=[path], seq_len=16, val_tokens=16, logical_shards=4)
-    docs = TextDocuments(cfg, gpt2_tokenizer)
+    docs = TextDocuments(cfg, gpt2_tokenizer, source_of(cfg))
     _, first = build_val_set(cfg, docs)
     with pytest.raises(DataError, match="fewer than data.logical_shards"):
         PackedLoader(cfg, docs, first, 8)

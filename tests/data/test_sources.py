@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from data import DataError
-from data.sources import SOURCES, build_catalog, source_of
 from data.sources.hub import Hub
 from data.sources.local import LocalFiles
+from data.sources.registry import SOURCES, build_catalog, source_of
 from data.sources.tokens import TokenShards
 from launch.config import ConfigError, load_config
 from tests.conftest import data_config

@@ -47,7 +47,7 @@ def test_ints_become_floats_but_not_the_reverse():
         ("train.tokens_per_step=64", "at least one window"),
         ("run.keep_checkpoints=-1", "run.keep_checkpoints"),
         ("optim.lr=fast", "'optim.lr' must be float"),
-        ("optim.r_min=6", "optim.r_min"),
+        ("optim.muon.r_min=6", "optim.muon.r_min"),
         ("optim.weight_decay=-0.1", "optim.weight_decay must be >= 0"),
         ("train.tokens_per_step=1000", "multiple of data.seq_len"),
         ("data.val_tokens=100", "data.val_tokens"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from launch.config import load_config, to_dict
-from orscale.factories import adamw_auto
+from orscale.adamw import adamw_auto
 from tests.helpers import ROOT
 
 

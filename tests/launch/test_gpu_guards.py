@@ -25,7 +25,7 @@ import torch
 
 from launch.run.meter import StepMeter
 from launch.runtime.process_group import DistEnv, set_tf32
-from orscale.factories import FUSED_DTENSOR_LEAK, adamw_implementation, fused_leaks
+from orscale.adamw import FUSED_DTENSOR_LEAK, adamw_implementation, fused_leaks
 from tests.orscale import zero_worker as zw
 from tests.pool import rank_pool
 
@@ -237,7 +237,7 @@ def test_fused_adamw_on_fsdp2_parameters_keeps_no_dtensorspec_per_step():
 
 def test_auto_picks_foreach_where_fused_leaks_and_an_explicit_fused_is_warned(monkeypatch, caplog):
     cuda = [{"params": [("w", SimpleNamespace(device=torch.device("cuda")))]}]
-    monkeypatch.setattr("orscale.factories.fused_leaks", lambda params, version: True)
+    monkeypatch.setattr("orscale.adamw.fused_leaks", lambda params, version: True)
     assert adamw_implementation("auto", cuda) == {"foreach": True}
     with caplog.at_level(logging.WARNING, logger="orscale"):
         assert adamw_implementation("fused", cuda, version="2.11.0") == {"fused": True}

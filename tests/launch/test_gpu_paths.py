@@ -22,7 +22,7 @@ from launch.engine.parallelize import build_model, fsdp_mixed_precision, reshard
 from launch.runtime.process_group import DistEnv
 from models import get_preset
 from orscale import OptimConfig, build_optimizers
-from orscale.factories import adamw_implementation
+from orscale.adamw import adamw_implementation
 from tests.helpers import train_in_pool, train_losses
 from tests.pool import rank_pool
 

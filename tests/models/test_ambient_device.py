@@ -15,6 +15,7 @@ from launch.engine.parallelize import build_model
 from launch.runtime.process_group import DistEnv
 from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers
+from orscale.muon_spec import MuonOptions
 
 CFG = get_preset("tiny", n_layer=2, d_model=32, n_head=2, max_seq_len=16, vocab_size=128)
 CPU = DistEnv(0, 1, 0, torch.device("cpu"), "none")
@@ -73,7 +74,7 @@ def test_one_optimizer_step_under_an_ambient_meta_device(name):
     finals = []
     for ambient in (False, True):
         model, batch = GPT(CFG, seed=2), _batch()
-        cfg = OptimConfig(name=name, lr=0.01, ns_dtype="fp32", diagnostics=True)
+        cfg = OptimConfig(name=name, lr=0.01).with_options(MuonOptions(ns_dtype="fp32", diagnostics=True))
         optimizers = build_optimizers(model, cfg)
         for _ in range(2):
             model(batch[:, :-1], batch[:, 1:]).backward()

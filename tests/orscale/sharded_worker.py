@@ -23,6 +23,7 @@ from orscale import (
     set_lr,
 )
 from orscale.distributed.owners import row_split
+from orscale.muon_spec import MuonOptions
 from orscale.routing import canonical_name
 
 PRESETS = ["muon_moonlight", "orscale_lm", "mutrust", "orscale_lm_decoupled"]
@@ -128,7 +129,7 @@ def c_values(opt: MuonFamily) -> list[float]:
 
 
 def cfg_for(preset: str) -> OptimConfig:
-    return OptimConfig(name=preset, ns_dtype="fp32", lr=0.02)
+    return OptimConfig(name=preset, lr=0.02).with_options(MuonOptions(ns_dtype="fp32"))
 
 
 def reference(kind: str, preset: str) -> dict:

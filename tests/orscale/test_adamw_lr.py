@@ -11,6 +11,7 @@ from launch.config import load_config
 from launch.errors import ConfigError
 from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers, set_lr
+from orscale.muon_spec import MuonOptions
 from orscale.routing import route_parameters
 from orscale.schedule import lr_at, lr_scales
 from tests.orscale import group_lr_worker as worker
@@ -22,7 +23,7 @@ FAMILIES = ("adamw", "muon_moonlight", "orscale_lm", "cbp", "lamb", "lars")
 
 def _train(name: str, steps: int = 3, **optim) -> tuple[dict[str, torch.Tensor], list[list[torch.optim.Optimizer]]]:
     model = GPT(CFG, seed=4)
-    cfg = OptimConfig(name=name, lr=0.01, ns_dtype="fp32", warmup_steps=2, **optim)
+    cfg = OptimConfig(name=name, lr=0.01, warmup_steps=2, **optim).with_options(MuonOptions(ns_dtype="fp32"))
     optimizers = build_optimizers(model, cfg)
     batch = torch.randint(0, CFG.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
     for step in range(steps):

@@ -21,6 +21,7 @@ from orscale import (
     hidden_matrices,
     set_lr,
 )
+from orscale.muon_spec import MuonOptions
 from orscale.routing import route_parameters
 from tests.orscale.optim_helpers import gpt_hidden, hf_gpt2, lm_step_grads, matrices, set_grads
 
@@ -103,7 +104,7 @@ def test_one_optimizer_trains_every_parameter_and_equals_two() -> None:
     on the same split (the trainer's OrScale-LM) to fp32 rounding, at distinct LRs."""
     model, twin = hf_gpt2(), hf_gpt2()
     opt = OrScaleLM(model, lr=0.02, adamw_lr=0.005, ns_dtype="fp32")
-    cfg = OptimConfig(name="orscale_lm", lr=0.02, adamw_lr=0.005, ns_dtype="fp32")
+    cfg = OptimConfig(name="orscale_lm", lr=0.02, adamw_lr=0.005).with_options(MuonOptions(ns_dtype="fp32"))
     pair = build_optimizers(twin, cfg)
     set_lr(pair, cfg.lr)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -226,7 +227,7 @@ def test_one_ns_dtype_default() -> None:
     """The class, the config and OrScaleLM default to auto: fp32 on a CPU (bf16 on CUDA)."""
     import inspect
 
-    assert inspect.signature(MuonFamily).parameters["ns_dtype"].default == OptimConfig().ns_dtype == "auto"
+    assert inspect.signature(MuonFamily).parameters["ns_dtype"].default == MuonOptions().ns_dtype == "auto"
     assert inspect.signature(OrScaleLM).parameters["ns_dtype"].default == "auto"
     assert MuonFamily([nn.Parameter(torch.ones(3, 2))]).param_groups[0]["ns_dtype"] == "fp32"
     assert OrScaleLM(hf_gpt2()).param_groups[0]["ns_dtype"] == "fp32"

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from orscale import MuonFamily, OptimConfig, build_optimizers, collect_diagnostics
+from orscale.muon_spec import MuonOptions
 from orscale.variants import VARIANTS as PRESETS
 from tests.orscale.optim_helpers import Wrap, backward, matrices, set_grads, tiny_gpt
 
@@ -58,7 +59,7 @@ def test_calibration_survives_dcp_checkpoint(dtype: torch.dtype, tmp_path) -> No
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    cfg = OptimConfig(name="orscale_lm", ns_dtype="fp32")
+    cfg = OptimConfig(name="orscale_lm").with_options(MuonOptions(ns_dtype="fp32"))
     model = tiny_gpt(dtype)
     opts = build_optimizers(model, cfg)
     backward(model)
@@ -150,7 +151,7 @@ def test_update_ratio_and_collect() -> None:
     for name in ("orscale_lm", "muon_moonlight", "mutrust"):
         named = matrices()
         before = [p.detach().clone() for _, p in named]
-        opts = build_optimizers(Wrap(named), OptimConfig(name=name, lr=0.05, ns_dtype="fp32"))
+        opts = build_optimizers(Wrap(named), OptimConfig(name=name, lr=0.05).with_options(MuonOptions(ns_dtype="fp32")))
         set_grads(named, 1.0, seed=0)
         for opt in opts:
             opt.step()

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from orscale.cbp import CBP, equalization_scales
-from orscale.trust_ratio import LAMB, LARS
+from orscale.lamb_lars import LAMB, LARS
 from tests.orscale.optim_helpers import assert_close_lists, grad_seq, make_params, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,6 +14,7 @@ import torch
 
 from models import GPT, get_preset
 from orscale import OptimConfig, build_optimizers
+from orscale.muon_spec import MuonOptions
 from tests.helpers import BPE4K, TINY, metrics
 
 LM = [
@@ -88,7 +89,7 @@ def test_unit_mismatch_small_gradients_push_momentum_ratios_to_r_max_but_not_ors
         """Three steps on loss x scale (calibration included): the trust ratios of the third."""
         copy = GPT(model.cfg)
         copy.load_state_dict(model.state_dict())
-        opts = build_optimizers(copy, OptimConfig(name=optim, lr=1e-3, ns_dtype="fp32"))
+        opts = build_optimizers(copy, OptimConfig(name=optim, lr=1e-3).with_options(MuonOptions(ns_dtype="fp32")))
         for _ in range(3):
             (copy(idx[:, :-1], idx[:, 1:]) * loss_scale).backward()
             for opt in opts:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from orscale import MuonFamily, OptimConfig, build_optimizers
+from orscale.muon_spec import MuonOptions
 from orscale.newton_schulz import newton_schulz
 from orscale.variants import VARIANTS as PRESETS
 from tests.orscale.optim_helpers import backward, matrices, set_grads, tiny_gpt
@@ -100,7 +101,7 @@ def test_orscale_hand_made_matrix() -> None:
 # ----------------------------------------------------------------------------- calibration
 def test_orscale_lm_first_ratio_is_one_on_tiny_gpt() -> None:
     model = tiny_gpt()
-    (opt, _) = build_optimizers(model, OptimConfig(name="orscale_lm", ns_dtype="fp32"))
+    (opt, _) = build_optimizers(model, OptimConfig(name="orscale_lm").with_options(MuonOptions(ns_dtype="fp32")))
     w0 = {n: p.detach().norm().item() for n, p in model.named_parameters()}
     backward(model)
     opt.step()
@@ -122,8 +123,8 @@ def test_orscale_lm_first_update_equals_moonlight(lr: float) -> None:
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         q.grad = p.grad.clone()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    lm = build_optimizers(model, OptimConfig(name="orscale_lm", lr=lr, ns_dtype="fp32"))[0]
-    mm = build_optimizers(twin, OptimConfig(name="muon_moonlight", lr=lr, ns_dtype="fp32"))[0]
+    lm = build_optimizers(model, OptimConfig(name="orscale_lm", lr=lr).with_options(MuonOptions(ns_dtype="fp32")))[0]
+    mm = build_optimizers(twin, OptimConfig(name="muon_moonlight", lr=lr).with_options(MuonOptions(ns_dtype="fp32")))[0]
     lm.step()
     mm.step()
     checked = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 from orscale import OPTIMIZER_NAMES, MuonFamily, OptimConfig, build_optimizers, lr_at, set_lr
 from orscale import OptimConfigError as ConfigError
+from orscale.muon_spec import MuonOptions
 from orscale.registry import optimizer_spec
 from orscale.routing import canonical_name
 
@@ -103,16 +104,17 @@ def test_frozen_params_are_left_out(model: nn.Module) -> None:
     "change, pattern",
     [
         ({"name": "sgdx"}, r"optim\.name 'sgdx'.*valid: adamw, muon, muon_moonlight"),
-        ({"r_min": 2.0, "r_max": 1.0}, r"optim\.r_min \(2\.0\) must be > 0 and <= optim\.r_max"),
+        ({"r_min": 2.0, "r_max": 1.0}, r"optim\.muon\.r_min \(2\.0\) must be > 0 and <= optim\.muon\.r_max"),
         ({"lr": -1e-3}, r"optim\.lr must be a finite number > 0"),
         ({"weight_decay": -0.1}, r"optim\.weight_decay must be >= 0"),
-        ({"ns_dtype": "fp16"}, r"optim\.ns_dtype"),
-        ({"ns_coefficients": "newton"}, r"optim\.ns_coefficients"),
+        ({"ns_dtype": "fp16"}, r"optim\.muon\.ns_dtype"),
+        ({"ns_coefficients": "newton"}, r"optim\.muon\.ns_coefficients"),
     ],
 )
 def test_bad_config_raises_config_error(model: nn.Module, change: dict, pattern: str) -> None:
+    muon = {k: change.pop(k) for k in list(change) if k in {f.name for f in fields(MuonOptions)}}
     with pytest.raises(ConfigError, match=pattern) as err:
-        build_optimizers(model, replace(OptimConfig(name="orscale_lm"), **change))
+        build_optimizers(model, replace(OptimConfig(name="orscale_lm"), **change).with_options(MuonOptions(**muon)))
     assert "\n" not in str(err.value)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from orscale.trust_ratio import LAMB, LARS, trust_ratio_param_groups
+from orscale.lamb_lars import LAMB, LARS, trust_ratio_param_groups
 from tests.orscale.optim_helpers import assert_close_lists, grad_seq, make_params, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from orscale import OptimConfig, OptimConfigError, check_schedule, scheduled_lr
-from orscale.schedule import decay_steps, lr_at, wsd_lr
+from orscale.registry import schedule_of
+from orscale.schedule import WSDOptions, decay_steps, lr_at, wsd_lr
 
 
 def test_cosine_is_todays_schedule_bit_for_bit():
@@ -44,12 +45,12 @@ def test_wsd_warms_up_holds_the_peak_then_cools_down_by_its_shape(shape, f):
 def test_wsd_steps_before_a_cooldown_do_not_depend_on_the_runs_length():
     """What makes a cooldown branch the run of a shorter budget: the same LR at every step before
     its cooldown, whatever the total."""
-    cfg = OptimConfig(schedule="wsd", warmup_steps=5, decay_fraction=0.25)
+    cfg = OptimConfig(schedule="wsd", warmup_steps=5).with_options(WSDOptions(decay_fraction=0.25))
     short, long = 40, 400
     assert [scheduled_lr(cfg, s, short) for s in range(30)] == [scheduled_lr(cfg, s, long) for s in range(30)]
     assert decay_steps(cfg, short) == 10 and decay_steps(cfg, long) == 100
     assert decay_steps(OptimConfig(schedule="wsd"), 100) == 20  # the default: 0.2 of the run
-    assert decay_steps(OptimConfig(schedule="wsd", decay_steps=7), 100) == 7
+    assert decay_steps(OptimConfig(schedule="wsd").with_options(WSDOptions(decay_steps=7)), 100) == 7
     # OrScale-LM calibrates at the first step with lr > 0: the first, as with cosine
     assert scheduled_lr(cfg, 0, short) > 0
 
@@ -58,21 +59,22 @@ def test_wsd_steps_before_a_cooldown_do_not_depend_on_the_runs_length():
     "kw, message",
     [
         (dict(schedule="step"), "optim.schedule must be one of cosine, wsd"),
-        (dict(decay_fraction=0.2), "set optim.schedule=wsd"),
-        (dict(schedule="wsd", decay_fraction=0.2, decay_steps=5), "set one of them"),
-        (dict(schedule="wsd", decay_fraction=1.5), "optim.decay_fraction must be in (0, 1]"),
-        (dict(schedule="wsd", decay_steps=0), "optim.decay_steps must be >= 1"),
-        (dict(schedule="wsd", decay_shape="exp"), "optim.decay_shape must be one of linear, 1-sqrt, cosine"),
+        (dict(decay_fraction=0.2, decay_steps=5), "set one"),
+        (dict(decay_fraction=1.5), "optim.wsd.decay_fraction must be in (0, 1]"),
+        (dict(decay_steps=0), "optim.wsd.decay_steps must be >= 1"),
+        (dict(decay_shape="exp"), "optim.wsd.decay_shape must be one of linear, 1-sqrt, cosine"),
     ],
 )
 def test_impossible_schedules_are_one_line(kw, message):
     with pytest.raises(OptimConfigError) as err:
-        OptimConfig(**kw)
+        schedule_of(kw["schedule"]) if "schedule" in kw else WSDOptions(**kw)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_cooldown_that_does_not_fit_the_run_is_one_line():
-    check_schedule(OptimConfig(schedule="wsd", warmup_steps=10, decay_steps=20), 30)  # fits exactly
+    check_schedule(
+        OptimConfig(schedule="wsd", warmup_steps=10).with_options(WSDOptions(decay_steps=20)), 30
+    )  # fits exactly
     with pytest.raises(OptimConfigError, match=r"warmup \(10\) and cooldown \(21 steps\) take more than the run's 30"):
-        check_schedule(OptimConfig(schedule="wsd", warmup_steps=10, decay_steps=21), 30)
+        check_schedule(OptimConfig(schedule="wsd", warmup_steps=10).with_options(WSDOptions(decay_steps=21)), 30)
     check_schedule(OptimConfig(warmup_steps=50), 30)  # cosine: a long warmup is a warning elsewhere

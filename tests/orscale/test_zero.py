@@ -102,13 +102,24 @@ def test_owner_muon_family_is_built_like_build_optimizers():
     """orscale.distributed.zero copies build_optimizers' MuonFamily arguments: guard against drift."""
     from models import GPT, get_preset
     from orscale import build_optimizers
-    from orscale.factories import muon_family_kwargs
     from orscale.muon_family import MuonFamily
+    from orscale.muon_spec import MuonOptions, muon_family_kwargs
 
     cfg = _cfg("zero2", "orscale_lm_decoupled").optim
-    cfg.lr, cfg.weight_decay, cfg.momentum, cfg.nesterov, cfg.ns_steps = 3e-3, 0.05, 0.9, False, 4
-    cfg.ns_coefficients, cfg.ns_dtype, cfg.r_min, cfg.r_max, cfg.trust_eps = "jordan", "fp32", 0.2, 3.0, 1e-7
-    cfg.diagnostics = not cfg.diagnostics
+    cfg.lr, cfg.weight_decay = 3e-3, 0.05
+    cfg = cfg.with_options(
+        MuonOptions(
+            momentum=0.9,
+            nesterov=False,
+            ns_steps=4,
+            ns_coefficients="jordan",
+            ns_dtype="fp32",
+            r_min=0.2,
+            r_max=3.0,
+            trust_eps=1e-7,
+            diagnostics=not MuonOptions().diagnostics,
+        )
+    )
     model = GPT(get_preset("tiny", n_layer=1, d_model=32, n_head=2, max_seq_len=8, vocab_size=64))
     ref = build_optimizers(model, cfg)[0]
     mine = MuonFamily(list(ref.param_groups[0]["params"]), **muon_family_kwargs(cfg))

@@ -1,7 +1,5 @@
-"""AdamW and the Muon family from an ``OptimConfig``: AdamW's implementation choice, the Muon
-family's keyword arguments, and the two families' records (``ADAMW``, ``MUON_FAMILY``) in the
-optimizer table (``orscale.registry``), which every placement builds from.
-"""
+"""AdamW (``torch.optim.AdamW``) from an ``OptimConfig``: its implementation choice (fused, foreach) and
+its record in the optimizer table (``orscale.registry``). Every family's AdamW group is built here too."""
 
 from __future__ import annotations
 
@@ -10,13 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from orscale.diagnostics import merge_rows
-from orscale.distributed.ddp import ReplicatedMuonFamily
-from orscale.distributed.fsdp import ShardedMuonFamily
-from orscale.muon_family import MuonFamily
-from orscale.optimizer_spec import ALL_PLACEMENTS, ZERO, Builder, Exchange, OptimizerSpec, OwnerHooks
+from orscale.optimizer_spec import ALL_PLACEMENTS, Exchange, OptimizerSpec
 from orscale.schedule import keep_lr_scales
-from orscale.variants import VARIANTS
 
 if TYPE_CHECKING:
     from orscale.optim_config import OptimConfig
@@ -84,40 +77,6 @@ def adamw_implementation(
     return {"fused": True} if setting == "fused" else {"foreach": True}
 
 
-def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    """MuonFamily's keyword arguments for `cfg` (shared by every placement, ZeRO's included)."""
-    return dict(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        variant=cfg.name,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        ns_steps=cfg.ns_steps,
-        ns_coefficients=cfg.ns_coefficients,
-        ns_dtype=cfg.ns_dtype,
-        r_min=cfg.r_min,
-        r_max=cfg.r_max,
-        eps=cfg.trust_eps,
-        track_diagnostics=cfg.diagnostics,
-        compile_passes=cfg.compile_passes,
-        ns_kernel=cfg.ns_kernel,
-    )
-
-
-def _muon_family(use: type[MuonFamily], *exchange: str) -> Builder:
-    """A Muon-family class's build; `exchange`: the ``Exchange`` settings it takes (by name)."""
-    return lambda matrices, cfg, ex: use(matrices, **{k: getattr(ex, k) for k in exchange}, **muon_family_kwargs(cfg))
-
-
-def _muon_hooks(cfg: OptimConfig) -> OwnerHooks:
-    return OwnerHooks(
-        None,
-        lambda opt: opt.diagnostic_rows() if opt is not None else ([], [], [], []),
-        merge_rows,
-        lazy_calibration=VARIANTS[cfg.name].calibration == "lazy",
-    )
-
-
 def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, exchange: Exchange) -> torch.optim.Optimizer:
     return adamw(groups, cfg)
 
@@ -129,18 +88,4 @@ ADAMW = OptimizerSpec(
     labels={"adamw": "AdamW"},
 )
 
-# Every orscale.variants row; on several ranks the matrices are exchanged whole (orscale.distributed).
-MUON_FAMILY = OptimizerSpec(
-    names=tuple(VARIANTS),
-    routing="matrices",
-    build={
-        "none": _muon_family(MuonFamily),
-        "ddp": _muon_family(ReplicatedMuonFamily, "mode", "overlap", "bucket_numel"),
-        "fsdp": _muon_family(ShardedMuonFamily, "replica_split", "mode", "overlap", "bucket_numel"),
-        ZERO: _muon_family(MuonFamily),  # whole fp32 matrices at their owner rank
-    },
-    labels={"muon_moonlight": "Muon+Moonlight", "orscale_lm": "OrScale-LM", "muon": "Muon", "orscale": "OrScale"},
-    owner_hooks=_muon_hooks,
-)
-
-SPECS: tuple[OptimizerSpec, ...] = (ADAMW, MUON_FAMILY)
+SPECS: tuple[OptimizerSpec, ...] = (ADAMW,)

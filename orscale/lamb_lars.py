@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, overload
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import torch
 from torch import Tensor
 
+from orscale.errors import require_all
 from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
-from orscale.optimizer_spec import Checks, OptimizerSpec, elementwise_build, per_tensor_groups
+from orscale.optimizer_spec import OptimizerSpec, elementwise_build, per_tensor_groups
 
 if TYPE_CHECKING:
     from orscale.optim_config import OptimConfig
@@ -265,27 +267,61 @@ class LARS(_TrustRatioOptimizer):
 
 
 # ---------------------------------------------------------------- in the optimizer table (orscale.registry)
+def _betas_ok(betas: list[float]) -> bool:
+    return len(betas) == 2 and all(0 <= b < 1 for b in betas)
+
+
+@dataclass
+class LAMBOptions:
+    """`optim.lamb`: LAMB's moments."""
+
+    section: ClassVar[str] = "lamb"
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        require_all(
+            [
+                (_betas_ok(self.betas), f"optim.lamb.betas must be two numbers in [0, 1), got {self.betas}"),
+                (0 < self.eps < math.inf, f"optim.lamb.eps must be > 0, got {self.eps}"),
+            ]
+        )
+
+
+@dataclass
+class LARSOptions:
+    """`optim.lars`: LARS's momentum and trust coefficient η_tr."""
+
+    section: ClassVar[str] = "lars"
+
+    momentum: float = 0.95
+    trust_coefficient: float = 1e-3
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        require_all(
+            [
+                (0 <= self.momentum < 1, f"optim.lars.momentum must be in [0, 1), got {self.momentum}"),
+                (
+                    0 < self.trust_coefficient < math.inf,
+                    f"optim.lars.trust_coefficient must be > 0, got {self.trust_coefficient}",
+                ),
+                (0 < self.eps < math.inf, f"optim.lars.eps must be > 0, got {self.eps}"),
+            ]
+        )
+
+
 def _lamb_kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    return dict(lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    o = cfg.own(LAMBOptions)
+    return dict(lr=cfg.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=cfg.weight_decay)
 
 
 def _lars_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    o = cfg.own(LARSOptions)
     return dict(
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        trust_coefficient=cfg.lars_trust_coefficient,
-        eps=cfg.eps,
+        lr=cfg.lr, momentum=o.momentum, weight_decay=cfg.weight_decay, trust_coefficient=o.trust_coefficient, eps=o.eps
     )
-
-
-def _lars_checks(cfg: OptimConfig) -> Checks:
-    return [
-        (
-            0 < cfg.lars_trust_coefficient < math.inf,
-            f"optim.lars_trust_coefficient must be > 0, got {cfg.lars_trust_coefficient}",
-        )
-    ]
 
 
 SPECS = (
@@ -295,6 +331,7 @@ SPECS = (
         build=elementwise_build(LAMB, _lamb_kwargs),
         labels={"lamb": "LAMB"},
         groups=per_tensor_groups,
+        options=(LAMBOptions,),
     ),
     OptimizerSpec(
         names=("lars",),
@@ -302,6 +339,6 @@ SPECS = (
         build=elementwise_build(LARS, _lars_kwargs),
         labels={"lars": "LARS"},
         groups=per_tensor_groups,
-        checks=_lars_checks,
+        options=(LARSOptions,),
     ),
 )
