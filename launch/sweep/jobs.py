@@ -153,7 +153,6 @@ def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:
         job_name=cell.id.replace("/", "."),
         nodes=str(int(s.get("nodes", 1))),
         gpus_per_node=nproc,
-        nproc=str(nproc),
         cpus_per_task=int(s.get("cpus_per_task", 8 * nproc)),
         command=["--config", cell.base, *cell.overrides],
         venv=sys.prefix,
