@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import torch
@@ -37,8 +37,11 @@ KINDS: tuple[str, ...] = ("muon", "adamw")
 ARGUMENTS = """
 Arguments:
     params: the model (``nn.Module``, DDP-wrapped or not: embeddings and the head are found from its
-        modules), its ``named_parameters()`` (found from the names), or param groups (dicts) that
-        each say their ``kind``. Plain ``model.parameters()`` is refused. Frozen parameters are left out.
+        modules), its ``named_parameters()`` (found from the names, with a warning), or param groups
+        (dicts) that each say their ``kind``. Plain tensors (``model.parameters()``) and groups without a
+        ``kind`` need ``model``. Frozen parameters of a model are left out.
+    model: the model that ``params`` come from: its plain tensors, and each group without a ``kind``
+        (the Hugging Face Trainer's), are split between the two steps as the model itself would be.
     lr, weight_decay: the hidden matrices' (Muon-family step; coupled or decoupled decay per variant).
     adamw_lr, adamw_weight_decay: AdamW's (None: the matrices' values).
     variant: the Muon-family preset (``orscale.VARIANTS``); None: the class's own.
@@ -53,6 +56,9 @@ Arguments:
     muon_mode: with FSDP2 or DDP parameters, owner (Newton–Schulz on one rank per matrix) |
         replicate (on every rank).
     diagnostics: keep the trust-ratio diagnostics that ``diagnostics()`` returns.
+
+A Muon group's momentum is its ``momentum`` and also ``betas[0]`` (the key torch's ``OneCycleLR`` and
+``CyclicLR`` cycle when ``cycle_momentum=True``): whichever changed since the last step is the one used.
 
 Placement comes from the parameters: FSDP2/HSDP DTensors get ``ShardedMuonFamily`` (its owner ranks
 from the mesh), a DDP-wrapped model ``ReplicatedMuonFamily``, anything else ``MuonFamily``; AdamW is
@@ -93,6 +99,7 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
         muon_mode: str = "owner",
         fused: str = "auto",
         diagnostics: bool = True,
+        model: nn.Module | None = None,
     ) -> None:
         if muon_mode not in MODES:
             raise ValueError(f"muon_mode must be one of {', '.join(MODES)}, got {muon_mode!r}")
@@ -119,7 +126,10 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
         self._fused = fused
         self._stepped = False  # whether a step has run (host flag; see _follow_replaced_params)
         self._parts: dict[str, torch.optim.Optimizer] = {}
-        model = params if isinstance(params, nn.Module) else None
+        if isinstance(params, nn.Module):
+            if model is not None and model is not params:
+                raise ValueError("params is a model and model= is another one: pass the model once")
+            model = params
         groups = _groups(params, model, flatten_conv, muon_names, adamw_names)
         self._placement = _placement(model, groups, muon_mode)
         defaults = dict(self._muon_kwargs, adamw_lr=adamw_lr, adamw_weight_decay=adamw_weight_decay, betas=betas)
@@ -141,12 +151,12 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's ``add_param_group``; the group's ``kind`` (``"muon"`` | ``"adamw"``) says which part
-        runs it (a group without one holding no 2-D tensor is AdamW's)."""
+        runs it (a group without one holding no 2-D tensor is AdamW's). Its params may be plain tensors
+        or (name, tensor) pairs, whatever the other groups hold."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
-        params = param_group["params"]
-        params = [params] if isinstance(params, Tensor) else list(params)
-        tensors = [item[1] if isinstance(item, tuple) else item for item in params]
+        params = self._named_as_the_others(param_group)
+        tensors = [_tensor(item) for item in params]
         kind = param_group.get("kind") or _kind_without_name(tensors)
         if kind not in KINDS:
             raise ValueError(f"param group kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -165,7 +175,24 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
             part.add_param_group(group)
         if kind == "adamw":
             self._init_adamw_state(part.param_groups[-1])
+        else:
+            _expose_momentum(part.param_groups[-1])
         self.param_groups.append(part.param_groups[-1])
+
+    def _named_as_the_others(self, param_group: dict[str, Any]) -> list[Any]:
+        """The group's params, named or not as this optimizer's first group is (torch refuses a group of
+        plain tensors beside named ones, and the reverse): a plain tensor takes its name from the group's
+        ``param_names``, else ``group{g}.param{i}``."""
+        params = _as_list(param_group["params"])
+        if not self.param_groups or not params:
+            return params
+        tensors = [_tensor(item) for item in params]
+        if "param_names" not in self.param_groups[0]:
+            return tensors
+        names = param_group.get("param_names")
+        if not (isinstance(names, list) and len(names) == len(params)):
+            names = [f"group{len(self.param_groups)}.param{i}" for i in range(len(params))]
+        return [item if isinstance(item, tuple) else (name, item) for name, item in zip(names, params, strict=True)]
 
     def _new_part(self, kind: str, group: dict[str, Any]) -> torch.optim.Optimizer:
         if kind == "muon":
@@ -209,6 +236,9 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
         if not torch.compiler.is_compiling():
             self._follow_replaced_params()
         loss = call_closure(closure)
+        if (muon := self._parts.get("muon")) is not None:
+            for group in muon.param_groups:  # the part's own list: torch.compile maps a group to its optimizer
+                _sync_momentum(group)
         for part in self._parts.values():
             _raw_step(type(part))(part)
         self._stepped = True
@@ -265,6 +295,9 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
                 {"state": {i: v for i, v in state_dict["state"].items() if i in ids}, "param_groups": groups}
             )
         self._link(kinds)
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                _expose_momentum(group)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -317,6 +350,33 @@ def _kind_without_name(tensors: list[Tensor]) -> str:
     return "adamw"
 
 
+# A Muon group's momentum as its step last used it: of `momentum` and `betas[0]`, the one that differs
+# from it is the one changed since (an LR scheduler cycling momentum writes `betas`; a user, `momentum`).
+_SYNCED_MOMENTUM = "synced_momentum"
+
+
+def _expose_momentum(group: dict[str, Any]) -> None:
+    """A Muon group's momentum under ``betas[0]`` too, where torch's schedulers cycle it (the composite's
+    defaults hold AdamW's ``betas``, so they write that key on every group)."""
+    group.setdefault("betas", (group["momentum"],))
+    group.setdefault(_SYNCED_MOMENTUM, group["momentum"])
+
+
+def _sync_momentum(group: dict[str, Any]) -> None:
+    """``momentum`` (what the Muon step reads) and ``betas[0]`` made equal to whichever of them changed
+    since the last step."""
+    beta, momentum, synced = group["betas"][0], group["momentum"], group[_SYNCED_MOMENTUM]
+    if beta == momentum == synced:
+        return
+    if beta != synced and momentum != synced and beta != momentum:
+        raise ValueError(
+            f"a Muon param group's momentum was set to {momentum} and its betas[0] to {beta} since the last "
+            "step (they are one setting): change one of them"
+        )
+    value = beta if beta != synced else momentum
+    group["momentum"], group["betas"], group[_SYNCED_MOMENTUM] = value, (value, *group["betas"][1:]), value
+
+
 def _groups(
     params: nn.Module | ParamsT,
     model: nn.Module | None,
@@ -324,37 +384,83 @@ def _groups(
     muon_names: Iterable[str],
     adamw_names: Iterable[str],
 ) -> list[dict[str, Any]]:
-    """The param groups: the caller's own (dicts), or the routed split of a model / named parameters."""
-    if model is not None:
-        items: list[Any] = list(model.named_parameters())
-    else:
-        if isinstance(params, Tensor):
-            raise TypeError("params must be a model, its named_parameters() or param groups, not one tensor")
-        items = list(params)  # type: ignore[arg-type]
-        if items and isinstance(items[0], dict):
-            return [dict(g, params=_as_list(g["params"])) for g in items]  # a generator would be spent
-        if items and not all(isinstance(item, tuple) for item in items):
+    """The param groups: the caller's own (dicts; with `model`, each without a ``kind`` split as the
+    model's own routing splits it), or the routed split of a model, named parameters, or `model`'s
+    plain tensors."""
+    if isinstance(params, Tensor):
+        raise TypeError("params must be a model, its named_parameters() or param groups, not one tensor")
+    items: list[Any] = list(params.named_parameters() if isinstance(params, nn.Module) else params)
+    groups: list[dict[str, Any]] | None = None  # the caller's groups to split; None: route `items` whole
+    if items and isinstance(items[0], dict):
+        groups = [dict(g, params=_as_list(g["params"])) for g in items]  # a generator would be spent
+        if all("kind" in g for g in groups):
+            return groups
+        if model is None:
+            if any("kind" not in g and any(_tensor(item).ndim == 2 for item in g["params"]) for g in groups):
+                raise ValueError(
+                    "a param group without 'kind' holds 2-D tensors: pass model=model to route it (the Hugging "
+                    "Face Trainer: optimizer_cls_and_kwargs=(OrScaleLM, {'model': model, ...})), or say "
+                    "kind='muon' (hidden matrices) or kind='adamw' (embeddings, head, the rest)"
+                )
+            return groups
+    elif items and not all(isinstance(item, tuple) for item in items):
+        if model is None:
             raise ValueError(
                 "plain tensors cannot be routed (an embedding is a 2-D tensor too): pass the model, "
-                "model.named_parameters(), or param groups that each say kind='muon' or kind='adamw'"
+                "model.named_parameters(), these tensors with model=model, or param groups that each say "
+                "kind='muon' or kind='adamw'"
             )
-    named = [(n, p) for n, p in items if p.requires_grad]
+        groups = [{"params": [p for p in items if p.requires_grad]}]
+    source = items if groups is None or model is None else list(model.named_parameters())
+    named = [(n, p) for n, p in source if p.requires_grad]
     if not named:
         raise ValueError("optimizer got no trainable parameters")
     matrices = hidden_matrices(named, model, flatten_conv=flatten_conv, muon_names=muon_names, adamw_names=adamw_names)
     hidden = {id(p) for _, p in matrices}
-    rest = [(n, p) for n, p in named if id(p) not in hidden]
-    if not matrices:
+    if groups is None:
+        routed = _split({}, named, hidden)
+    else:
+        names = {id(p): n for n, p in source}
+        routed = [sub for g in groups for sub in ([g] if "kind" in g else _split(g, _named_in(g, names), hidden))]
+    if not any(g["kind"] == "muon" for g in routed):
         warnings.warn("found no hidden matrices for the Muon step: every parameter takes the AdamW step", stacklevel=3)
-    groups = [{"params": matrices, "kind": "muon"}, {"params": rest, "kind": "adamw"}]
-    return [g for g in groups if g["params"]]
+    return routed
+
+
+def _split(group: dict[str, Any], named: Sequence[tuple[str, Tensor]], hidden: set[int]) -> list[dict[str, Any]]:
+    """`group` (its settings) as a Muon group of the `hidden` matrices among `named` and an AdamW group of
+    the rest; an empty part left out (an empty group stays one AdamW group)."""
+    parts = [
+        dict(group, params=[(n, p) for n, p in named if id(p) in hidden], kind="muon"),
+        dict(group, params=[(n, p) for n, p in named if id(p) not in hidden], kind="adamw"),
+    ]
+    return [g for g in parts if g["params"]] or parts[1:]
+
+
+def _named_in(group: dict[str, Any], names: dict[int, str]) -> list[tuple[str, Tensor]]:
+    """The group's tensors with their names in the model (`names`, by ``id``)."""
+    out = []
+    for item in group["params"]:
+        p = _tensor(item)
+        if id(p) not in names:
+            raise ValueError(
+                f"a tensor of shape {tuple(p.shape)} in a param group without 'kind' is not a parameter of "
+                "model: pass the model it belongs to, or give its group a 'kind'"
+            )
+        out.append((names[id(p)], p))
+    return out
+
+
+def _tensor(item: Any) -> Tensor:
+    """A params entry's tensor (the entry is a tensor or a (name, tensor) pair)."""
+    return item[1] if isinstance(item, tuple) else item
 
 
 def _placement(
     model: nn.Module | None, groups: list[dict[str, Any]], mode: str
 ) -> tuple[type[MuonFamily], dict[str, Any]]:
     """The Muon part's class and its extra arguments, from where the parameters live."""
-    tensors = [item[1] if isinstance(item, tuple) else item for g in groups for item in _as_list(g["params"])]
+    tensors = [_tensor(item) for g in groups for item in _as_list(g["params"])]
     if any(isinstance(p, DTensor) for p in tensors):
         return ShardedMuonFamily, {"mode": mode}
     if isinstance(model, nn.parallel.DistributedDataParallel):

@@ -2,13 +2,15 @@
 
 * **The rule** (``hidden_matrices``, shared by the trainer and ``orscale.OrScaleLM``): the Muon family
   takes every *hidden* matrix, i.e. every 2-D weight that is neither an embedding (an ``nn.Embedding``
-  / ``nn.EmbeddingBag`` weight) nor the output head (a head tied to the embedding, the model's
-  ``get_output_embeddings()`` (Hugging Face), or, when neither exists, the last 2-D weight if it has
-  the token embedding's shape [vocabulary, width]); everything else (embeddings, head, norm gains,
-  biases, any other shape) goes to AdamW. Conv weights go to AdamW, or flattened to
-  [out, in·k…] into the Muon step with ``flatten_conv``; name patterns override the rule. On this
-  project's GPT that is exactly every 2-D weight inside the transformer blocks (``blocks.*``): the
-  tied embedding and the norm gains are AdamW's.
+  / ``nn.EmbeddingBag`` weight) nor an output head (a head tied to the embedding, the model's
+  ``get_output_embeddings()`` (Hugging Face), its output layer: the last ``nn.Linear`` outside a
+  Hugging Face model's ``base_model``, or outside any other model's ``nn.ModuleList`` blocks; when none
+  of these exists, the last 2-D weight outside the blocks if it has the token embedding's shape
+  [vocabulary, width], with a warning); everything else (embeddings, heads, norm gains, biases, any
+  other shape) goes to AdamW. Given names only (no model), the roles are guessed from the names, with a
+  warning. Conv weights go to AdamW, or flattened to [out, in·k…] into the Muon step with
+  ``flatten_conv``; name patterns override the rule. On this project's GPT that is exactly every 2-D
+  weight inside the transformer blocks (``blocks.*``): the tied embedding and the norm gains are AdamW's.
 * How an optimizer's parameters are routed is its record's ``routing`` in the optimizer table
   (``orscale.registry``): ``adamw``, ``matrices`` (the Muon family) or ``elementwise``.
 * ``adamw``: one AdamW over every parameter (decay on all of them, as in the paper), unless
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -64,18 +67,22 @@ def canonical_name(name: str) -> str:
 
 
 # When only names are known (no module tree): the module holding an embedding's weight, by its
-# name (wte, wpe, tok_emb, embed_tokens, word_embeddings, ...), and the output head's.
-_EMBEDDING_MODULE = re.compile(r"emb|^wte$|^wpe$")
-_HEAD_MODULES = frozenset({"lm_head", "head"})
+# name (wte, wpe, tok_emb, embed_tokens, word_embeddings, T5's shared and relative_attention_bias), and
+# the modules of an output head (any component of the name).
+_EMBEDDING_MODULE = re.compile(r"emb|^wte$|^wpe$|^shared$|relative_attention_bias")
+_HEAD_MODULES = frozenset({"lm_head", "head", "classifier", "score", "qa_outputs", "seq_relationship"})
+_NAMES_SHOWN = 6  # names a routing warning lists before "and N more"
 
 
 @dataclass(frozen=True)
 class Roles:
-    """Parameters (by ``id``) whose role, not shape, decides their optimizer, and the conv weights."""
+    """Parameters (by ``id``) whose role, not shape, decides their optimizer, the conv weights, and
+    the roles that were guessed from names or shapes rather than read from the model (one line each)."""
 
     embeddings: frozenset[int]
     head: frozenset[int]
     conv: frozenset[int]
+    guesses: tuple[str, ...] = ()
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -101,38 +108,81 @@ def _hf_embedding(model: nn.Module, method: str) -> Tensor | None:
     return weight if isinstance(weight, Tensor) else None
 
 
+def _output_layer(model: nn.Module) -> Tensor | None:
+    """The weight of the model's last ``nn.Linear`` that is not part of its body: for a Hugging Face
+    model with a head (``base_model`` is not the model itself), the last one outside ``base_model``
+    (a classifier, ``score``, ``lm_head``); for any other model, the last one outside its stacked
+    blocks (``nn.ModuleList``), e.g. a CNN's ``fc``. None when there is none."""
+    model = _unwrap(model)
+    base = getattr(model, "base_model", None)
+    if isinstance(base, nn.Module):
+        if base is model:
+            return None
+        inside = {id(m) for m in base.modules()}
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside]
+    else:
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in _in_blocks(model)]
+    return linears[-1].weight if linears else None
+
+
+def _in_blocks(model: nn.Module) -> set[int]:
+    """The modules (by ``id``) inside an ``nn.ModuleList`` of `model`: its stacked blocks."""
+    return {id(m) for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst.modules()}
+
+
+def _names(named: NamedParams, ids: Iterable[int]) -> str:
+    """Up to `_NAMES_SHOWN` names of the parameters `ids` (in `named` order), for a message."""
+    wanted = set(ids)
+    names = [canonical_name(n) for n, p in named if id(p) in wanted]
+    shown = ", ".join(names[:_NAMES_SHOWN]) or "none"
+    return shown + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
+
+
 def parameter_roles(named: NamedParams, model: nn.Module | None = None) -> Roles:
     """The embeddings, output head and conv weights among `named`: from `model`'s modules when given
     (``nn.Embedding``/``nn.EmbeddingBag``, conv layers, a module tied to an embedding, Hugging Face's
-    ``get_output_embeddings()``), else from the names (``_EMBEDDING_MODULE``, ``_HEAD_MODULES``; any
-    tensor of 3 or more dims counts as a conv weight). Without a tied or declared head, the last 2-D
-    weight is the head when it has the token embedding's shape [vocabulary, width]."""
+    ``get_output_embeddings()``, the output layer of ``_output_layer``), else guessed from the names
+    (``_EMBEDDING_MODULE``, ``_HEAD_MODULES``; any tensor of 3 or more dims counts as a conv weight).
+    Without any head found, the last 2-D weight outside the stacked blocks is guessed to be the head
+    when it has the token embedding's shape [vocabulary, width]."""
     head: set[int] = set()
+    guesses: list[str] = []
     if model is not None:
         embedding_modules = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
         embeddings = {id(m.weight) for m in embedding_modules}
         conv = {id(m.weight) for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)}
-        declared = _hf_embedding(model, "get_output_embeddings")
-        if declared is not None:
-            head.add(id(declared))
+        head |= {id(w) for w in (_hf_embedding(model, "get_output_embeddings"), _output_layer(model)) if w is not None}
         tied = any(
             getattr(m, "weight", None) is e.weight for m in model.modules() for e in embedding_modules if m is not e
         )
         token = _hf_embedding(model, "get_input_embeddings")
         token_shape = tuple(token.shape) if token is not None else None
-        known_head = declared is not None or tied
+        known_head = bool(head) or tied
+        blocks = _in_blocks(model)
+        in_blocks = {id(p) for m in model.modules() if id(m) in blocks for p in m.parameters(recurse=False)}
     else:
         embeddings = {id(p) for n, p in named if p.ndim == 2 and _EMBEDDING_MODULE.search(_module_name(n)) is not None}
-        head = {id(p) for n, p in named if _module_name(n) in _HEAD_MODULES}
+        head = {
+            id(p) for n, p in named if p.ndim >= 2 and _HEAD_MODULES.intersection(canonical_name(n).split(".")[:-1])
+        }
         conv = {id(p) for _, p in named if p.ndim > 2}
         token_shape, known_head = None, bool(head)
+        in_blocks = {id(p) for n, p in named if any(part.isdigit() for part in canonical_name(n).split("."))}
+        guesses.append(
+            f"no model given, so roles come from parameter names: embeddings {_names(named, embeddings)}; "
+            f"output head {_names(named, head)}"
+        )
     if not known_head and embeddings:
         if token_shape is None:  # the largest embedding is the token embedding (positions are fewer)
             token_shape = max((tuple(p.shape) for _, p in named if id(p) in embeddings), default=None)
-        matrices = [p for _, p in named if p.ndim == 2 and id(p) not in embeddings]
-        if matrices and tuple(matrices[-1].shape) == token_shape:
-            head.add(id(matrices[-1]))
-    return Roles(frozenset(embeddings), frozenset(head), frozenset(conv))
+        matrices = [(n, p) for n, p in named if p.ndim == 2 and id(p) not in embeddings and id(p) not in in_blocks]
+        if matrices and tuple(matrices[-1][1].shape) == token_shape:
+            head.add(id(matrices[-1][1]))
+            guesses.append(
+                f"'{canonical_name(matrices[-1][0])}' taken as the output head by its shape {token_shape} "
+                "(the token embedding's; no head is tied or declared)"
+            )
+    return Roles(frozenset(embeddings), frozenset(head), frozenset(conv), tuple(guesses))
 
 
 def _module_name(name: str) -> str:
@@ -160,12 +210,20 @@ def hidden_matrices(
     adamw_names: Iterable[str] = (),
 ) -> NamedParams:
     """The parameters of `named` that the Muon family takes, in their order (the module docstring's
-    rule; roles from `model` when given, see ``parameter_roles``). ``flatten_conv``: conv weights too
+    rule; roles from `model` when given, see ``parameter_roles``; one warning names the roles guessed
+    from names or shapes and how to override them). ``flatten_conv``: conv weights too
     (the step flattens them to [out, in·k…]). ``muon_names`` / ``adamw_names``: regular expressions
     searched in each parameter's name (wrapper prefixes removed) that send it to the Muon family (any
     tensor of 2 or more dims) or to AdamW, whatever the rule says."""
     to_muon, to_adamw = _patterns("muon_names", muon_names), _patterns("adamw_names", adamw_names)
     roles = parameter_roles(named, model)
+    if roles.guesses:
+        warnings.warn(
+            f"routing guessed: {'; '.join(roles.guesses)}. Embeddings and the head take AdamW, the other 2-D "
+            "weights the Muon step: pass the model itself to route by its modules, or override with "
+            "muon_names=[...] / adamw_names=[...] or param groups that say their 'kind'",
+            stacklevel=3,
+        )
     out = []
     for n, p in named:
         name = canonical_name(n)

@@ -17,8 +17,9 @@ import logging
 import sys
 
 from launch.backends import BACKENDS
+from launch.dryrun.fake_world import check_world
 from launch.dryrun.measure import dry_run
-from launch.dryrun.report import LAYOUTS, TABLE_HEAD, batch_for, describe, table_row, unsupported_rows
+from launch.dryrun.report import LAYOUTS, TABLE_HEAD, TABLE_NOTE, batch_for, describe, table_row, unsupported_rows
 from launch.errors import ConfigError
 
 
@@ -26,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m launch.dryrun", description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="the run's YAML (configs/*.yaml)")
     ap.add_argument("--world", type=int, help="ranks (GPUs) of the run")
-    ap.add_argument("--replicate", type=int, default=1, help="HSDP replica groups (parallel.dp_replicate)")
+    ap.add_argument(
+        "--replicate", type=int, default=1, help="HSDP replica groups (parallel.dp_replicate; 1: FSDP2 over the world)"
+    )
     ap.add_argument(
         "--backend",
         choices=[name for name, cls in BACKENDS.items() if cls.many_processes],
@@ -51,9 +54,16 @@ def _table(args: argparse.Namespace) -> None:
                 if replicated and replicate < 2:
                     continue  # one node: HSDP is FSDP2
                 overrides = [*batch_for(config, world), *args.overrides]
-                run = dry_run(config, world, replicate=replicate, backend=backend, overrides=overrides)
+                run = dry_run(
+                    config,
+                    world,
+                    replicate=replicate,
+                    backend=backend,
+                    overrides=overrides,
+                    gpus_per_node=args.gpus_per_node,
+                )
                 print(table_row(run), flush=True)
-    print("\n" + "\n".join(unsupported_rows()))
+    print("\n" + "\n".join([TABLE_NOTE, *unsupported_rows()]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         if args.table:
+            for world in args.worlds:
+                check_world(world, gpus_per_node=args.gpus_per_node, flag="--worlds")
             _table(args)
             return 0
         if args.config is None or args.world is None:
             raise ConfigError("--config and --world are required (or --table)")
-        if not 0 <= args.rank < args.world:
-            raise ConfigError(f"--rank must be in 0..{args.world - 1}, got {args.rank}")
-        if args.world % args.replicate:
-            raise ConfigError(f"--replicate {args.replicate} must divide --world {args.world}")
         run = dry_run(
             args.config,
             args.world,

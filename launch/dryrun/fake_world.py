@@ -32,6 +32,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from launch.errors import ConfigError
+
 
 @dataclass
 class Collective:
@@ -173,11 +175,30 @@ class _Patches:
             setattr(owner, name, value)
 
 
+def check_world(world: int, rank: int = 0, gpus_per_node: int = 8, replicate: int = 1, flag: str = "--world") -> None:
+    """A one-line ConfigError, naming the dry run's flag and what it allows, for a world that cannot
+    be: `world` ranks (`flag`: the option that gave it), `gpus_per_node` of them per node, `replicate`
+    HSDP replica groups, `rank` the one set up."""
+    if world < 1:
+        raise ConfigError(f"{flag} must be >= 1 (the run's ranks, GPUs), got {world}")
+    if gpus_per_node < 1:
+        raise ConfigError(
+            f"--gpus-per-node must be >= 1 (ranks per node: torchrun's LOCAL_WORLD_SIZE), got {gpus_per_node}"
+        )
+    if replicate < 1:
+        raise ConfigError(f"--replicate must be >= 1 (HSDP replica groups; 1: plain FSDP2), got {replicate}")
+    if world % replicate:
+        raise ConfigError(f"--replicate {replicate} must divide --world {world}")
+    if not 0 <= rank < world:
+        raise ConfigError(f"--rank must be in 0..{world - 1}, got {rank}")
+
+
 @contextmanager
 def fake_world(world: int, rank: int, gpus_per_node: int = 8) -> Iterator[CollectiveLog]:
     """This process as rank `rank` of `world` (`gpus_per_node` ranks per node, as torchrun's
-    LOCAL_WORLD_SIZE tells the code), tensors fake; yields the collective log. Refuses to start
-    inside a process that already has a process group."""
+    LOCAL_WORLD_SIZE tells the code), tensors fake; yields the collective log. Refuses a world that
+    cannot be (`check_world`), and to start inside a process that already has a process group."""
+    check_world(world, rank, gpus_per_node)
     import torch.distributed.device_mesh as device_mesh
     import torch.distributed.fsdp._fully_shard._fsdp_init as fsdp_init
     import torch.nn.parallel.distributed as ddp

@@ -25,7 +25,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launch.backends import Backend, DDPBackend, ZeroBackend, backend_for
 from launch.config import Config, load_config
-from launch.dryrun.fake_world import Collective, CollectiveLog, fake_allreduce_hook, fake_world, is_fake_world
+from launch.dryrun.fake_world import (
+    Collective,
+    CollectiveLog,
+    check_world,
+    fake_allreduce_hook,
+    fake_world,
+    is_fake_world,
+)
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
 from launch.run.setup import _accum_steps
@@ -77,6 +84,11 @@ class DryRun:
     notes: list[str] = field(default_factory=list)
     calls: list[Collective] = field(default_factory=list)  # forward/backward's collectives, one micro-batch
     seconds: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one training step over all ranks (every rank is a data-parallel one)."""
+        return self.micro_batch * self.seq_len * self.accum * self.world
 
     @property
     def per_step(self) -> int:
@@ -155,10 +167,19 @@ def dry_run(
     would on GPUs (bf16 compute, FSDP2's bf16 parameters and bf16 Newton–Schulz where `auto` would
     pick them there), in a fake world; measured. `memory=False`: no memory tracking, and forward/
     backward on one short sequence (every collective is the same; activations and peak stay 0)."""
+    check_world(world, rank, gpus_per_node, replicate)
     start = time.perf_counter()
     with fake_world(world, rank, gpus_per_node) as log:
         result = step_rank(
-            config, world, rank, log, replicate=replicate, backend=backend, overrides=overrides, memory=memory
+            config,
+            world,
+            rank,
+            log,
+            replicate=replicate,
+            backend=backend,
+            overrides=overrides,
+            gpus_per_node=gpus_per_node,
+            memory=memory,
         )
     result.seconds = time.perf_counter() - start
     return result

@@ -20,9 +20,16 @@ def _spread(values: list, scale: float, fmt: str = ",.2f") -> str:
 
 
 def _layout(r: DryRun) -> str:
+    """The layout's name; HSDP's as replicas × shards (replica groups × the ranks each shards over)."""
     if r.replicate > 1:
-        return f"HSDP {r.replicate} x {r.world // r.replicate}"
+        return f"HSDP {r.replicate} × {r.world // r.replicate}"
     return backend_for(r.backend).label + f" over {r.world}"
+
+
+# What the peak and the memory figures leave out (the dry run counts tensors only).
+NOT_COUNTED = (
+    "the CUDA context, NCCL's buffers, cuBLAS workspaces and the caching allocator's rounding and fragmentation"
+)
 
 
 def describe(r: DryRun) -> str:
@@ -31,11 +38,17 @@ def describe(r: DryRun) -> str:
     flags = (
         f"FSDP2 parameters {r.param_dtype} in forward/backward, resharded after forward: {'yes' if r.reshard else 'no'}"
     )
+    hsdp = (
+        f" ({r.replicate} replica groups × {r.world // r.replicate} ranks each parameter is sharded over)"
+        if r.replicate > 1
+        else ""
+    )
     lines = [
-        f"dry run of {r.config}: {_layout(r)} ranks; rank {r.rank} set up and stepped on a fake process group "
-        f"in {r.seconds:.1f} s",
-        f"micro-batch {r.micro_batch} x {r.seq_len}, {r.accum} per step; "
-        + (flags if backend_for(r.backend).shards_parameters else "DDP: fp32 parameters, bf16 autocast"),
+        f"dry run of {r.config}: {_layout(r)} ranks{hsdp}; rank {r.rank} set up and stepped on a fake process "
+        f"group in {r.seconds:.1f} s",
+        f"micro-batch {r.micro_batch} × {r.seq_len} tokens, {r.accum} micro-batch{'es' * (r.accum != 1)} per step "
+        f"on each rank (gradient accumulation): {r.tokens_per_step:,} tokens per step over all {r.world} ranks",
+        flags if backend_for(r.backend).shards_parameters else "DDP: fp32 parameters, bf16 autocast",
         *[f"note: {n}" for n in r.notes],
         "",
         "per rank                              min / mean / max over ranks",
@@ -50,6 +63,7 @@ def describe(r: DryRun) -> str:
         f"  the step's others (clip norm)       {r.step_other / GB:,.6f}",
         f"activations, micro-batch (GiB)        {r.activations / GIB:,.2f}   (rank {r.rank})",
         f"peak, steady state (GiB)              {r.peak / GIB:,.2f}   (rank {r.rank})",
+        f"not counted: {NOT_COUNTED}",
         "",
         f"check: rank {r.rank}'s optimizer counted {r.exchange_measured:,} bytes in its real step; "
         f"its plan says {r.exchange[r.rank]:,}"
@@ -76,9 +90,14 @@ def batch_for(config: str | Path, world: int) -> list[str]:
 
 
 TABLE_HEAD = (
-    "| model | ranks | layout | micro-batch × accum | params MiB | grads MiB | optimizer state MiB (max) "
-    "| NS GFLOP max / mean | owner exchange MB max / mean | all collectives GB/step (max) "
-    "| activations GiB | peak GiB | s |\n" + "| --- " * 13 + "|"
+    "| model | ranks | layout (HSDP: replicas × shards) | micro-batch × accum | tokens/step | params MiB "
+    "| grads MiB | optimizer state MiB (max) | NS GFLOP max / mean | owner exchange MB max / mean "
+    "| all collectives GB/step (max) | activations GiB | peak GiB | s |\n" + "| --- " * 14 + "|"
+)
+TABLE_NOTE = (
+    "micro-batch × accum: sequences per micro-batch × micro-batches per step on each rank (gradient "
+    "accumulation); tokens/step: one step over all ranks; HSDP R × S: R replica groups, each sharding the "
+    f"model over S ranks; memory: tensors only, not {NOT_COUNTED}."
 )
 
 
@@ -87,6 +106,7 @@ def table_row(r: DryRun) -> str:
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     return (
         f"| {r.config} | {r.world} | {_layout(r).split(' over')[0]} | {r.micro_batch} × {r.accum} "
+        f"| {r.tokens_per_step:,} "
         f"| {max(r.params) / MIB:,.0f} | {max(r.grads) / MIB:,.0f} | {max(r.opt_state) / MIB:,.0f} "
         f"| {max(r.ns_flops) / 1e9:,.0f} / {mean(r.ns_flops) / 1e9:,.0f} "
         f"| {max(r.exchange) / MB:,.1f} / {mean(r.exchange) / MB:,.1f} | {per_step / GB:,.2f} "

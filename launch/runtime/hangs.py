@@ -10,8 +10,10 @@ import datetime
 import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.torch_version import TorchVersion
 
 COMM_FAILURE_EXIT = 3  # launch.loop.main's exit status after a CommFailure (2 is a user error)
 
@@ -45,29 +47,39 @@ def nccl_ends_on_timeout() -> str | None:
     return None
 
 
-# NCCL's flight recorder (torch 2.13's names; the first of each tuple is read first): a ring of the
-# last collectives each process group issued, with their state (scheduled, started, completed),
-# written per rank when the watchdog sees a timeout, before it ends the process. A host stack cannot
-# name a stuck NCCL collective (it returned to Python at once and waits on the GPU); this record does.
-FR_BUFFER_SIZE = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
+# NCCL's flight recorder: a ring of the last collectives each process group issued, with their state
+# (scheduled, started, completed), written per rank when the watchdog sees a timeout, before it ends the
+# process. A host stack cannot name a stuck NCCL collective (it returned to Python at once and waits on
+# the GPU); this record does. The ring's size and the dump file have two names each, (current, older):
+# c10d reads such a list with its first name winning, and an older name that is set logs "... is
+# deprecated; use <current> instead" in every process (c10d/Utils.hpp, getCvar*). torch before 2.9 reads
+# only the older names. So each is set under the one name this torch reads first.
+FR_BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_DUMP_ON_TIMEOUT = ("TORCH_NCCL_DUMP_ON_TIMEOUT",)
 FR_DUMP_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # a prefix: the rank is appended
-FR_ENTRIES = "2000"  # entries of the ring (torch's own default in the versions that record by default)
+FR_CURRENT_NAMES_SINCE = "2.9"
+FR_ENTRIES = "2000"  # entries of the ring (torch's own default since it records by default)
 FR_PREFIX = "nccl_trace_rank_"  # <run.dir>/nccl_trace_rank_<R>
+
+
+def _name_read_first(names: tuple[str, ...]) -> str:
+    """The name of a setting that this torch reads first: the current one, the older one before 2.9."""
+    current = TorchVersion(torch.__version__) >= FR_CURRENT_NAMES_SINCE
+    return names[0] if current else names[-1]
 
 
 def nccl_flight_recorder(run_dir: str | Path | None) -> dict[str, str]:
     """Turn NCCL's flight recorder on, its dumps at a timeout written to `<run_dir>/nccl_trace_rank_<R>`
-    (call before the NCCL group exists; docs/running.md, "Hangs that end"). A variable the user set
-    (either of its names) is kept. Returns what was set."""
+    (call before the NCCL group exists; docs/running.md, "Hangs that end"). A setting the user made
+    (under either of its names) is kept. Returns what was set."""
     wanted = [(FR_BUFFER_SIZE, FR_ENTRIES), (FR_DUMP_ON_TIMEOUT, "1")]
     if run_dir is not None:
         wanted.append((FR_DUMP_FILE, str(Path(run_dir).resolve() / FR_PREFIX)))
     set_now: dict[str, str] = {}
     for names, value in wanted:
         if not any(name in os.environ for name in names):
-            for name in names:  # every name torch reads: an older torch knows only one of them
-                os.environ[name] = set_now[name] = value
+            name = _name_read_first(names)
+            os.environ[name] = set_now[name] = value
     return set_now
 
 

@@ -65,8 +65,15 @@ def run_local(cell: Cell, nproc: int) -> int:
     return subprocess.run(argv, cwd=ROOT, env=_child_env()).returncode
 
 
+def threads_per_rank(cells_at_once: int, nproc: int) -> int:
+    """OMP threads for each rank of a cell when `cells_at_once` cells of `nproc` ranks share this
+    machine's cores: every rank gets an equal share (at least one)."""
+    return max(1, (os.cpu_count() or 1) // (cells_at_once * nproc))
+
+
 def start_cell(cell: Cell, nproc: int, threads: int, gpus: list[str] | None = None) -> subprocess.Popen:
     """Start a cell as a process of its own (the sweep's --jobs), its output to <run dir>/sweep.out.
+    `threads`: each rank's OMP_NUM_THREADS (`threads_per_rank`; a value already set is kept).
     `gpus`: the GPUs it may use (CUDA_VISIBLE_DEVICES; `GpuSlots`), None to leave that as it is."""
     env = _child_env()
     env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -125,9 +132,10 @@ class GpuSlots:
 
 def gpu_slots(cells: list[Cell], jobs: int, nproc: int) -> tuple[GpuSlots | None, str | None]:
     """The GPU slots of a sweep running `jobs` cells at once, and a note to print when fewer run at
-    once than asked: None (no note, nothing set) when one cell runs at a time, no GPU is visible, or
-    no cell trains on a GPU. A SpecError when a cell needs more GPUs than the node has."""
-    if jobs == 1 or not any(uses_gpus(c) for c in cells) or not (gpus := visible_gpus()):
+    once than asked: None (no note, nothing set) when no GPU is visible, no cell trains on a GPU, or
+    one cell runs at a time. A SpecError when a cell needs more GPUs than the node has (one cell at a
+    time too: its ranks past the node's GPUs would fail at start-up)."""
+    if not any(uses_gpus(c) for c in cells) or not (gpus := visible_gpus()):
         return None, None
     if nproc > len(gpus):
         raise SpecError(
@@ -135,6 +143,8 @@ def gpu_slots(cells: list[Cell], jobs: int, nproc: int) -> tuple[GpuSlots | None
             f"({'CUDA_VISIBLE_DEVICES=' + ','.join(gpus) if 'CUDA_VISIBLE_DEVICES' in os.environ else 'this node'}); "
             f"lower --nproc to at most {len(gpus)}"
         )
+    if jobs == 1:
+        return None, None
     slots = GpuSlots(gpus, nproc)
     note = None
     if jobs * nproc > len(gpus):
@@ -153,7 +163,6 @@ def slurm_script(cell: Cell, sweep: Sweep, nproc: int, log_dir: Path) -> str:
         job_name=cell.id.replace("/", "."),
         nodes=str(int(s.get("nodes", 1))),
         gpus_per_node=nproc,
-        nproc=str(nproc),
         cpus_per_task=int(s.get("cpus_per_task", 8 * nproc)),
         command=["--config", cell.base, *cell.overrides],
         venv=sys.prefix,

@@ -4,7 +4,9 @@ drift apart (`python -m launch.sweep.slurm` rewrites the checked-in file; a test
 
 A job activates the Python environment it was written from (a venv's `bin/activate`, else that
 prefix's `bin` first on PATH), goes to the project root, and starts one `launch.launcher` (torchrun
-with a clean SIGTERM path) per node: `--standalone` on one node, srun + a c10d rendezvous on several.
+with a clean SIGTERM path) per node: `--standalone` on one node; on several, srun runs
+`launch/scripts/slurm_node.sh` on each node (workers: that node's GPUs, threads: its CPUs / workers),
+with the job's CPUs passed on to srun and a c10d rendezvous on the first node at a port of the job's own.
 Values containing `$` are shell expressions, written as they are (the generic recipe's).
 """
 
@@ -17,14 +19,17 @@ from pathlib import Path
 from data.paths import PROJECT_ROOT as ROOT
 
 RECIPE = ROOT / "launch" / "scripts" / "slurm.sbatch"
+NODE_SCRIPT = "launch/scripts/slurm_node.sh"  # from the project root
+# The rendezvous port: one per job (two jobs may share a first node), in 29500-31499, below Linux's
+# ephemeral ports (32768 on), which the kernel hands out to outgoing connections.
+RDZV_PORT = "${ORSCALE_RDZV_PORT:-$((29500 + SLURM_JOB_ID % 2000))}"
 
 
 @dataclass
 class Job:
     job_name: str
     nodes: str  # "1", "4", or a shell expression such as "$SLURM_JOB_NUM_NODES"
-    gpus_per_node: int  # the #SBATCH request
-    nproc: str  # processes per node for the launcher (a number, or a shell expression)
+    gpus_per_node: int  # the #SBATCH request; on one node also the launcher's processes
     cpus_per_task: int
     command: list[str]  # train.py's arguments: --config CONFIG [overrides]
     venv: str = ""  # the environment to activate; "": $ORSCALE_VENV, else <root>/.venv (the generic recipe)
@@ -71,16 +76,24 @@ def render(job: Job) -> str:
     if not job.venv:
         body += [f"root={job.root}"]
     body += _activate(job.venv)
-    body += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}", 'cd "$root"' if not job.venv else f"cd {_word(job.root)}"]
+    body += ['cd "$root"' if not job.venv else f"cd {_word(job.root)}"]
     args = " ".join(_word(a) for a in job.command)
     if job.nodes == "1":
-        body += [f"python -m launch.launcher --standalone --nproc_per_node={job.nproc} train.py {args}"]
+        threads = max(1, job.cpus_per_task // job.gpus_per_node)
+        body += [
+            f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{threads}}}   # the job's CPUs / its processes",
+            f"python -m launch.launcher --standalone --nproc_per_node={job.gpus_per_node} train.py {args}",
+        ]
     else:
         body += [
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f"srun --kill-on-bad-exit=1 python -m launch.launcher --nnodes={_word(job.nodes)} "
-            f'--nproc_per_node={_word(job.nproc)} --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d '
-            f'--rdzv_endpoint="$head_node:29500" train.py {args}',
+            f"port={RDZV_PORT}   # one per job: two jobs may share a first node",
+            "# srun does not take sbatch's --cpus-per-task (Slurm >= 22.05): without it each node's launcher",
+            "# and workers would share one CPU.",
+            'srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:?the job has no --cpus-per-task}" '
+            f"bash {NODE_SCRIPT} --nnodes={_word(job.nodes)} "
+            '--rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:$port" '
+            f"train.py {args}",
         ]
     return "\n".join([*head, *body, ""])
 
@@ -91,16 +104,18 @@ def generic_script() -> str:
         job_name="orscale",
         nodes="$SLURM_JOB_NUM_NODES",
         gpus_per_node=8,
-        nproc="${GPUS_PER_NODE:-8}",
         cpus_per_task=64,
         command=["--config", "$config", "$@"],
         venv="",
         root="${ORSCALE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}",
         comment="The project's one Slurm recipe, rendered by launch/sweep/slurm.py (edit that, then run\n"
         "`python -m launch.sweep.slurm`); `python -m launch.sweep --submit` writes each cell's job\n"
-        "from the same renderer. One launcher per node, rendezvous on the first node.\n"
+        "from the same renderer. One launcher per node (launch/scripts/slurm_node.sh: a worker per GPU\n"
+        "Slurm gave the node), rendezvous on the first node at port 29500 + job id % 2000.\n"
         "  sbatch --nodes=4 launch/scripts/slurm.sbatch configs/1.1b.yaml optim.name=orscale_lm\n"
-        "Environment: $ORSCALE_VENV (a venv or conda prefix), else <root>/.venv, else PATH's python.",
+        "  sbatch --nodes=2 --gpus-per-node=4 --cpus-per-task=32 launch/scripts/slurm.sbatch CONFIG\n"
+        "Environment: $ORSCALE_VENV (a venv or conda prefix), else <root>/.venv, else PATH's python;\n"
+        "$ORSCALE_RDZV_PORT (the rendezvous port), $ORSCALE_NPROC (workers per node), $OMP_NUM_THREADS.",
     )
     return render(job).replace(
         "set -euo pipefail\n",

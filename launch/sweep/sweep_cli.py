@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
 
-from launch.sweep.jobs import GpuSlots, cell_state, gpu_slots, run_local, start_cell, submit, train_argv, uses_gpus
+from launch.sweep.jobs import (
+    GpuSlots,
+    cell_state,
+    gpu_slots,
+    run_local,
+    start_cell,
+    submit,
+    threads_per_rank,
+    train_argv,
+    uses_gpus,
+)
 from launch.sweep.plan import Plan, plan, write_plan
 from launch.sweep.spec import ROOT, Cell, SpecError, Sweep, load_sweep
 
@@ -38,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jobs",
         type=int,
         default=1,
-        help="local cells run at once, each as its own process with cpu_count/jobs threads (default 1: one "
+        help="local cells run at once, each as its own process, its ranks with cpu_count/(jobs x nproc) threads "
+        "each (default 1: one "
         "after another, in this process where it can); on a GPU node each holds --nproc GPUs of its own "
         "(CUDA_VISIBLE_DEVICES), and fewer run at once when the GPUs run out",
     )
@@ -148,7 +158,7 @@ def _run_all(
                     return True
             else:
                 at_once = min(args.jobs, slots.cells_at_once) if slots is not None else args.jobs
-                threads = max(1, (os.cpu_count() or 1) // at_once)
+                threads = threads_per_rank(at_once, nproc)
                 running[c.id] = (c, start_cell(c, nproc, threads=threads, gpus=gpus), time.perf_counter())
         if running:
             done = _wait_any(running)

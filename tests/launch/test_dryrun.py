@@ -73,9 +73,43 @@ def test_command_line_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not a multiple of train.micro_batch_size x world size" in capsys.readouterr().err
     assert main(["--config", CONFIG, "--world", "4", "--replicate", "3"]) == 2
     assert main(["--world", "4"]) == 2
-    assert main(["--config", CONFIG, "--world", "2", "--rank", "1", *SMALL]) == 0
+    assert main(["--config", CONFIG, "--world", "4", "--replicate", "2", "--rank", "1", *SMALL]) == 0
     out = capsys.readouterr().out
     assert "rank 1 set up and stepped" in out and "(equal)" in out
+    # What was run: the layout's factors, the accumulation, the step's tokens; what memory leaves out.
+    # tiny's sequences are 128 tokens (configs/tiny.yaml): 1024 tokens a step are 2 sequences a rank.
+    assert "HSDP 2 × 2 ranks (2 replica groups × 2 ranks each parameter is sharded over)" in out
+    assert "micro-batch 2 × 128 tokens, 1 micro-batch per step on each rank (gradient accumulation)" in out
+    assert "1,024 tokens per step over all 4 ranks" in out
+    assert "not counted: the CUDA context, NCCL's buffers" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--world", "0"], "--world must be >= 1"),
+        (["--world", "-1", "--rank", "0"], "--world must be >= 1"),
+        (["--world", "4", "--replicate", "0"], "--replicate must be >= 1"),
+        (["--world", "4", "--replicate", "-2"], "--replicate must be >= 1"),
+        (["--world", "4", "--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
+        (["--world", "4", "--rank", "4"], "--rank must be in 0..3"),
+        (["--table", "--sizes", "tiny", "--worlds", "2", "0", "--rank", "0"], "--worlds must be >= 1"),
+        (["--table", "--sizes", "tiny", "--worlds", "2", "--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
+    ],
+)
+def test_a_world_that_cannot_be_is_refused_in_one_line_naming_its_flag(argv, flag, capsys) -> None:
+    assert main(["--config", CONFIG, *argv, *SMALL]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.startswith(f"error: {flag}") and cap.err.count("\n") == 1, cap.err
+    assert "got" in cap.err and cap.out == ""  # what was given; nothing run, no table started
+
+
+def test_the_ranks_per_node_decide_fsdp2s_resharding_as_on_the_cluster() -> None:
+    """`reshard_after_forward=auto`: a shard group within one node keeps the gathered parameters; one
+    spanning nodes reshards them (--gpus-per-node, as torchrun's LOCAL_WORLD_SIZE tells the run)."""
+    one_node = dry_run(CONFIG, 2, backend="fsdp", overrides=SMALL, gpus_per_node=2, memory=False)
+    two_nodes = dry_run(CONFIG, 2, backend="fsdp", overrides=SMALL, gpus_per_node=1, memory=False)
+    assert not one_node.reshard and two_nodes.reshard
 
 
 FIELDS = ("params", "grads", "opt_state", "exchange", "gather", "reduce", "step_other", "ns_calls")

@@ -169,11 +169,68 @@ def test_nccl_groups_are_made_with_the_flight_recorder_dumping_beside_the_run(tm
     turns it on (ring, dump at a timeout, dumps in the run directory) before the group exists."""
     seen = _init_as_on_a_gpu_node(monkeypatch, "auto", tmp_path / "run")
     assert seen["BACKEND"] == "nccl"
-    assert seen["TORCH_NCCL_TRACE_BUFFER_SIZE"] == seen["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert seen["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     prefix = str((tmp_path / "run").resolve() / "nccl_trace_rank_")
-    assert seen["TORCH_FR_DUMP_TEMP_FILE"] == seen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert seen["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    # Not their deprecated names too: c10d would log a warning for each in every rank.
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in seen and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in seen
+
+
+def test_the_flight_recorder_is_set_by_the_names_an_older_torch_reads(tmp_path, monkeypatch):
+    """torch before 2.9 knows only TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE."""
+    import os
+
+    import torch
+    from torch.torch_version import TorchVersion
+
+    from launch.runtime.hangs import nccl_flight_recorder
+
+    monkeypatch.setattr(os, "environ", {})
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.8.0+cu128"))
+    prefix = str(tmp_path.resolve() / "nccl_trace_rank_")
+    wanted = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+    }
+    assert nccl_flight_recorder(tmp_path) == wanted and os.environ == wanted
+
+
+# A fresh process (c10d reads the recorder's settings once, when its first group is made, and warns
+# once): the recorder's settings as the trainer makes them, then a gloo group of one and a collective.
+# On a CPU build too, c10d's flight recorder reads its settings there.
+_RECORDER_ON_A_GROUP = """
+import sys, torch, torch.distributed as dist
+from launch.runtime.hangs import nccl_flight_recorder
+print(sorted(nccl_flight_recorder(sys.argv[1])))
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # a Python process of its own
+def test_the_flight_recorders_settings_draw_no_deprecation_warning_from_torch(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import env
+
+    clean = {k: v for k, v in env().items() if not k.startswith(("TORCH_NCCL", "TORCH_FR"))}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", _RECORDER_ON_A_GROUP, str(run_dir), str(tmp_path / "store")],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TORCH_FR_BUFFER_SIZE" in done.stdout and "TORCH_FR_DUMP_TEMP_FILE" in done.stdout  # this torch's names
+    assert "deprecated" not in done.stderr, done.stderr[-3000:]
+    assert not run_dir.exists()  # no timeout: nothing dumped
 
 
 def test_the_flight_recorder_keeps_a_users_settings_and_stays_off_gloo(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """Beyond one node, on one machine: a rank stalled with SIGSTOP ends in a timeout that torchrun's
 --max-restarts recovers from; two torchrun "nodes" (c10d rendezvous on 127.0.0.1) equal one
-process, both end when one node's agent is killed, and a relaunch resumes bit-equal; the Slurm
-script starts one launcher per node the same way."""
+process, both end when one node's agent is killed, and a relaunch resumes bit-equal. The Slurm
+scripts that start one launcher per node with these arguments: tests/launch/test_slurm_jobs.py."""
 
 from __future__ import annotations
 
@@ -178,47 +178,3 @@ def test_two_nodes_on_one_machine_equal_one_process_end_together_and_resume_bit_
     if HSDP:
         assert "dp_replicate: 2" in (run_dir / "config.yaml").read_text()
     print(f"\n{'HSDP 2x2' if HSDP else 'FSDP2 x4'}: both agents ended {ended:.1f} s after kill -9 of one")
-
-
-def test_the_slurm_script_starts_one_launcher_per_node_with_the_rendezvous_at_the_first(tmp_path):
-    """launch/scripts/slurm.sbatch run under stand-in `scontrol` and `srun` (which record what
-    each node would run): one python -m launch.launcher per node with torchrun's multi-node
-    arguments, the c10d rendezvous at the first node of the allocation, the arguments of the
-    two-node test above."""
-    from launch.sweep.slurm import generic_script
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "node-a\\nnode-b\\n"\n')
-    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun.args\n')
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    script = tmp_path / "job.sbatch"
-    script.write_text(generic_script())
-    assert generic_script() == (ROOT / "launch/scripts/slurm.sbatch").read_text()
-    job_env = {
-        "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "SLURM_JOB_NODELIST": "node-[a-b]",
-        "SLURM_JOB_NUM_NODES": "2",
-        "SLURM_JOB_ID": "4242",
-        "GPUS_PER_NODE": "2",
-        "ORSCALE_ROOT": str(tmp_path),
-        "ORSCALE_VENV": str(tmp_path / "no-venv"),
-    }
-    done = subprocess.run(["bash", str(script), "configs/tiny.yaml", "optim.name=orscale_lm"], env=job_env, timeout=30)
-    assert done.returncode == 0
-    argv = (tmp_path / "srun.args").read_text().splitlines()
-    assert argv[:4] == ["--kill-on-bad-exit=1", "python", "-m", "launch.launcher"]
-    launcher = argv[4 : argv.index("train.py")]
-    assert argv[argv.index("train.py") :] == ["train.py", "--config", "configs/tiny.yaml", "optim.name=orscale_lm"]
-    assert "#SBATCH --ntasks-per-node=1" in script.read_text()  # srun: one launcher per node
-    assert set(launcher) == {
-        "--nnodes=2",
-        "--nproc_per_node=2",
-        "--rdzv_id=4242",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=node-a:29500",
-    }
-    # The same torchrun arguments as the two-node test's, but for where the nodes are.
-    names = lambda args: {a.split("=")[0] for a in args}
-    assert names(launcher) == names(_rendezvous(1, 2)) - {"--local_addr"}

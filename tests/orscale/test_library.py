@@ -109,6 +109,38 @@ def test_hf_trainer_trains_every_parameter_and_resumes_bit_equal(fresh_accelerat
 
 
 @pytest.mark.slow
+def test_hf_trainer_builds_it_from_optimizer_cls_and_kwargs(fresh_accelerate) -> None:
+    """Trainer(optimizer_cls_and_kwargs=(OrScaleLM, {"model": model, ...})): the Trainer hands the model
+    itself over, routed as OrScaleLM(model), and every parameter moves; without "model", the Trainer's
+    plain-tensor groups are refused in one line that names the form."""
+    from transformers import Trainer, TrainingArguments
+
+    model = hf_gpt2()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 96, (8, 16))]
+    args = TrainingArguments(
+        str(fresh_accelerate),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+    )
+    kwargs = {"model": model, "lr": 0.02, "adamw_lr": 0.005, "ns_dtype": "fp32"}
+    trainer = Trainer(model=model, args=args, train_dataset=data, optimizer_cls_and_kwargs=(OrScaleLM, kwargs))
+    trainer.train()
+    opt = trainer.optimizer.optimizer  # accelerate's wrapper around it
+    assert isinstance(opt, OrScaleLM)
+    assert [g["param_names"] for g in opt.param_groups] == [g["param_names"] for g in OrScaleLM(model).param_groups]
+    assert all(not torch.equal(p, start[n]) for n, p in model.named_parameters())
+    without = Trainer(model=model, args=args, train_dataset=data, optimizer_cls_and_kwargs=(OrScaleLM, {"lr": 0.02}))
+    with pytest.raises(ValueError, match=r"pass model=model .*optimizer_cls_and_kwargs=\(OrScaleLM, \{'model': model"):
+        without.create_optimizer()
+
+
+@pytest.mark.slow
 def test_accelerate_save_state_and_load_state_resume_bit_equal(fresh_accelerate) -> None:
     from accelerate import Accelerator
 

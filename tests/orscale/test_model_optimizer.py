@@ -60,20 +60,44 @@ def test_the_projects_gpt_routes_as_the_paper_names_it(preset: str, center_mlp: 
 @pytest.mark.parametrize("tied", [True, False])
 def test_hf_gpt2_embeddings_and_head_are_adamws(tied: bool) -> None:
     """wte and wpe (nn.Embedding), lm_head (tied to wte, or its own [vocab, width] matrix), norms and
-    biases go to AdamW; the blocks' Conv1D matrices to the Muon step; from the modules or the names."""
+    biases go to AdamW; the blocks' Conv1D matrices to the Muon step; from the modules, or from the
+    names with a warning that they were guessed."""
     model = hf_gpt2(tied=tied)
     named = list(model.named_parameters())
     kinds = _kinds(OrScaleLM(model))
     assert kinds["muon"] == GPT2_HIDDEN
     assert kinds["adamw"] == {n for n, _ in named} - GPT2_HIDDEN
     assert ("lm_head.weight" in kinds["adamw"]) == (not tied)
-    assert _kinds(OrScaleLM(model.named_parameters())) == kinds
+    with pytest.warns(UserWarning, match="routing guessed: no model given, so roles come from parameter names"):
+        assert _kinds(OrScaleLM(model.named_parameters())) == kinds
 
 
 def test_filtering_by_shape_alone_is_refused() -> None:
     model = hf_gpt2()
     with pytest.raises(ValueError, match=r"plain tensors cannot be routed .*named_parameters\(\)"):
         OrScaleLM(model.parameters())
+
+
+def test_plain_tensors_and_groups_with_the_model_are_routed_as_the_model() -> None:
+    """model=: plain tensors, and groups without a 'kind' (the Hugging Face Trainer's, with and without
+    weight decay), split as OrScaleLM(model) splits them, each part keeping its group's settings."""
+    model = hf_gpt2()
+    own = _kinds(OrScaleLM(model))
+    assert _kinds(OrScaleLM(model.parameters(), model=model)) == own
+    decayed = [p for p in model.parameters() if p.ndim == 2]
+    groups = [{"params": decayed, "weight_decay": 0.1}, {"params": [p for p in model.parameters() if p.ndim < 2]}]
+    opt = OrScaleLM(groups, model=model, weight_decay=0.0)
+    assert [(g["kind"], g["weight_decay"]) for g in opt.param_groups] == [("muon", 0.1), ("adamw", 0.1), ("adamw", 0.0)]
+    assert set(opt.param_groups[0]["param_names"]) == own["muon"] == GPT2_HIDDEN
+    assert set(opt.param_groups[1]["param_names"]) | set(opt.param_groups[2]["param_names"]) == own["adamw"]
+    with pytest.raises(ValueError, match=r"a param group without 'kind' holds 2-D tensors: pass model=model"):
+        OrScaleLM(groups)
+    with pytest.raises(
+        ValueError, match=r"a tensor of shape \(3, 3\) in a param group without 'kind' is not a parameter"
+    ):
+        OrScaleLM([{"params": [nn.Parameter(torch.ones(3, 3))]}], model=model)
+    with pytest.raises(ValueError, match="params is a model and model= is another one"):
+        OrScaleLM(model, model=hf_gpt2())
 
 
 def test_name_patterns_override_the_rule() -> None:
@@ -134,12 +158,14 @@ class CNN(nn.Module):
 
 def test_cnn_conv_weights_go_to_adamw_or_flattened_to_muon() -> None:
     """Conv weights: AdamW by default; with flatten_conv, the Muon step on their [out, in·k·k]
-    matrices, exactly as MuonFamily steps those matrices given as 2-D tensors."""
+    matrices, exactly as MuonFamily steps those matrices given as 2-D tensors. The classifier `fc`
+    (the last nn.Linear) is AdamW's either way."""
     torch.manual_seed(0)
     model = CNN()
-    assert _kinds(OrScaleLM(model))["muon"] == {"fc.weight"}
+    with pytest.warns(UserWarning, match="found no hidden matrices"):
+        assert set(_kinds(OrScaleLM(model))) == {"adamw"}  # fc, its output layer, is AdamW's too
     opt = OrScaleLM(model, flatten_conv=True, ns_dtype="fp32", lr=0.05)
-    assert _kinds(opt)["muon"] == {"conv1.weight", "conv2.weight", "fc.weight"}
+    assert _kinds(opt)["muon"] == {"conv1.weight", "conv2.weight"}
     flat = [nn.Parameter(p.detach().flatten(1).clone()) for p in opt.param_groups[0]["params"]]
     reference = MuonFamily(flat, lr=0.05, ns_dtype="fp32")
     x = torch.randn(4, 3, 9, 9, generator=torch.Generator().manual_seed(1))
@@ -155,7 +181,7 @@ def test_cnn_conv_weights_go_to_adamw_or_flattened_to_muon() -> None:
     # The owner-rank subclasses lay a conv weight out as its matrix too (one process here)
     conv = [nn.Parameter(p.detach().clone()) for p in opt.param_groups[0]["params"]]
     replicated = ReplicatedMuonFamily(conv, lr=0.05, ns_dtype="fp32")
-    assert [[lay.m, lay.n] for lay in replicated._layout.values()] == [[8, 27], [6, 72], [5, 6]]
+    assert [[lay.m, lay.n] for lay in replicated._layout.values()] == [[8, 27], [6, 72]]
     channels_last = CNN().to(memory_format=torch.channels_last)
     with pytest.raises(
         ValueError, match=r"'conv1.weight' \(8, 3, 3, 3\) as a \[out, in·k…\] view, which needs a contiguous"

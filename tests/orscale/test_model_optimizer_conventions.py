@@ -208,6 +208,50 @@ def test_add_param_group_by_kind() -> None:
         opt.add_param_group({"params": [("extra.bias", extra.bias)], "kind": "adamw"})
 
 
+def test_add_param_group_takes_plain_tensors() -> None:
+    """A group of plain tensors beside the named groups of OrScaleLM(model): named after its place
+    (torch refuses a mix of named and unnamed groups), stepped, in the state dict."""
+    model = hf_gpt2()
+    opt = _opt(model)
+    extra = nn.Linear(4, 6)
+    opt.add_param_group({"params": nn.Linear(4, 6, bias=False).parameters(), "kind": "muon"})
+    opt.add_param_group({"params": [extra.weight], "kind": "muon"})
+    opt.add_param_group({"params": extra.bias})  # no 2-D tensor: AdamW's
+    assert [g["param_names"] for g in opt.param_groups[2:]] == [["group2.param0"], ["group3.param0"], ["group4.param0"]]
+    before = extra.weight.detach().clone(), extra.bias.detach().clone()
+    lm_step_grads(model, 0)
+    extra(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    assert not torch.equal(extra.weight, before[0]) and not torch.equal(extra.bias, before[1])
+    assert opt.state_dict()["param_groups"][3]["param_names"] == ["group3.param0"]
+
+
+def test_one_cycle_lr_cycles_both_momentums() -> None:
+    """torch's OneCycleLR with its default cycle_momentum=True: the Muon groups' momentum is cycled
+    (as betas[0], the key it writes) and the step uses it: equal, bit for bit, to an optimizer whose
+    LRs and momenta are set by hand (the Muon group's `momentum`, AdamW's `betas`) to the same values."""
+    model, twin = hf_gpt2(), hf_gpt2()
+    opt, ref = _opt(model), _opt(twin)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.02, 0.005], total_steps=4, pct_start=0.5)
+    momenta = []
+    for t in range(3):
+        for g, h in zip(opt.param_groups, ref.param_groups, strict=True):
+            h["lr"] = g["lr"]
+            h["momentum" if h["kind"] == "muon" else "betas"] = g["betas"][0] if h["kind"] == "muon" else g["betas"]
+        lm_step_grads(model, t)
+        lm_step_grads(twin, t)
+        opt.step()
+        ref.step()
+        momenta.append(opt.param_groups[0]["momentum"])
+        sched.step()
+    assert momenta[0] == 0.95 and momenta[1] < 0.9  # cycled: down towards base_momentum, then back
+    for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    opt.param_groups[0]["momentum"], opt.param_groups[0]["betas"] = 0.5, (0.6,)
+    with pytest.raises(ValueError, match=r"momentum was set to 0.5 and its betas\[0\] to 0.6 since the last step"):
+        opt.step()
+
+
 def test_param_groups_given_by_kind_and_empty_groups() -> None:
     w, b = nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.zeros(5))
     opt = OrScaleLM([{"params": [w], "kind": "muon"}, {"params": [], "kind": "adamw"}, {"params": [b]}], lr=0.1)

@@ -129,10 +129,12 @@ def test_vector_to_matrix_optimizer_names_it() -> None:
 
 
 def test_model_without_hidden_matrices() -> None:
-    """An embedding and a norm only: nothing for the Muon family (the rule is not the GPT's names)."""
+    """An embedding and a norm only: nothing for the Muon family (the rule is not the GPT's names); a
+    hidden layer before the output layer (the last nn.Linear, AdamW's)."""
     with pytest.raises(ValueError, match="found no hidden 2-D weight matrices"):
         build_optimizers(nn.Sequential(nn.Embedding(8, 4), nn.LayerNorm(4)), OptimConfig(name="muon"))
-    muon, adamw = build_optimizers(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), OptimConfig(name="muon"))
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    muon, adamw = build_optimizers(model, OptimConfig(name="muon"))
     assert muon.param_groups[0]["param_names"] == ["0.weight"]
 
 

@@ -101,7 +101,7 @@ def test_each_section_checks_its_own_keys() -> None:
 def test_build_optimizers_takes_the_placement_by_position_or_as_backend() -> None:
     def build(*args, **kw) -> list[str]:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))  # a hidden layer, then the output
         return [type(o).__name__ for o in build_optimizers(model, OptimConfig(name="orscale_lm"), *args, **kw)]
 
     assert build("none") == build(backend="none") == build() == ["MuonFamily", "AdamW"]
