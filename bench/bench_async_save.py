@@ -93,8 +93,8 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of one run: train, then write what was recorded to <out>/rank<R>.json."""
     import torch
 
-    from launch.config import load_config
     from launch.loop import train
+    from launch.plan import load_plan
     from launch.runtime.console import setup_logging
     from launch.runtime.process_group import shutdown
 
@@ -122,7 +122,7 @@ def worker(args: argparse.Namespace) -> None:
     ]
     if not torch.cuda.is_available():
         overrides.append("optim.ns_dtype=fp32")  # bf16 GEMMs are ~40x slower on a CPU without native ones
-    train(load_config(str(ROOT / "configs/tiny.yaml"), overrides))
+    train(load_plan(str(ROOT / "configs/tiny.yaml"), overrides))
     shutdown()
     (args.out / f"rank{rank}.json").write_text(json.dumps(rec.result()))
 

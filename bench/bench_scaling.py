@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from launch.config import load_config
 from launch.dryrun.fake_world import Collective
 from launch.dryrun.measure import dry_run
 from launch.dryrun.report import batch_for
+from launch.plan import load_config
 from models import GPT
 from models.gpt import GPTConfig
 from orscale import OptimConfig

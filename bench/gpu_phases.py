@@ -106,6 +106,7 @@ def preflight(args: argparse.Namespace) -> None:
 
     import torch
 
+    from launch.backends import backend_for
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import init_distributed, shutdown
 
@@ -153,7 +154,7 @@ def preflight(args: argparse.Namespace) -> None:
         return "ok"
 
     def group() -> str:  # NCCL on CUDA: what FSDP2 on one GPU needs
-        env = init_distributed("fsdp", args.device)
+        env = init_distributed(backend_for("fsdp"), args.device)
         torch.distributed.all_reduce(torch.ones(4, device=env.device))
         shutdown()
         return "ok"
@@ -207,6 +208,7 @@ def run_rows(args: argparse.Namespace, plan: DevicePlan, specs: list[RowSpec], f
 
     import torch
 
+    from launch.backends import backend_for
     from launch.runtime.process_group import init_distributed, shutdown
 
     micro: dict[str, int] = {}  # a micro-batch halved after an OOM stays halved: later rows stay comparable
@@ -214,7 +216,7 @@ def run_rows(args: argparse.Namespace, plan: DevicePlan, specs: list[RowSpec], f
     envs: dict[str, Any] = {}
     for spec in specs:
         if spec.backend not in envs:
-            envs[spec.backend] = init_distributed(spec.backend, args.device)
+            envs[spec.backend] = init_distributed(backend_for(spec.backend), args.device)
         env, preset = envs[spec.backend], spec.preset
         if fresh_graphs:
             torch._dynamo.reset()
@@ -267,10 +269,10 @@ def measure(
     import torch
     from torch._dynamo.utils import counters
 
-    from launch.config import load_config
     from launch.engine.parallelize import fsdp_mixed_precision
     from launch.engine.registry import engine_class
     from launch.engine.torch_engine import TorchEngine
+    from launch.plan import load_config
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import compute_dtype
     from orscale.muon_spec import MuonOptions

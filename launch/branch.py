@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.checkpoint import check_loadable, checkpoint_dirs, is_complete, read_meta
-from launch.config import Config, load_config, read_config, resolve, to_dict
-from launch.engine import engine_class
+from launch.config import Config, read_config, to_dict
 from launch.environment import EnvFacts
 from launch.errors import USER_ERRORS, UserError
+from launch.plan import load_config, resolve
 from launch.run.resume import refuse_incompatible
-from launch.run.setup import check_config
 from launch.sweep.branches import cooldown
 from orscale.schedule import WSDOptions, decay_steps
 
@@ -157,15 +156,15 @@ def check_branch(parent: Path, branch: Branch, nproc: int, extra: list[str]) -> 
     cfg = read_config(str(parent / "config.yaml"), [*branch.overrides(), *extra])
     # resolved as the branch's launch will resolve it: parallel.backend=auto, parallel.dp_shard=-1
     launch = dataclasses.replace(EnvFacts.from_env(cfg.train), world_size=nproc, local_world_size=nproc)
-    cfg = resolve(cfg, launch)
-    check_config(cfg, nproc)
+    plan = resolve(cfg, launch)
+    cfg = plan.cfg
     problem = check_loadable(branch.start)
     if problem is not None:
         raise UserError(
             f"budget {branch.budget} starts from the parent's checkpoint {branch.start}, which is damaged: "
             f"{problem}; restore it from a copy, or give budgets whose cooldown starts at another checkpoint"
         )
-    engine_class(cfg.parallel.backend).check_checkpoint(branch.start, nproc)
+    plan.backend.engine_class().check_checkpoint(branch.start, nproc)
     saved = read_meta(branch.start)
     model = dataclasses.asdict(cfg.model.resolve())
     refuse_incompatible(saved, {**saved, "config": to_dict(cfg), "model": model})

@@ -30,16 +30,12 @@ import yaml
 from data.data_config import DataConfig
 from data.sources.registry import source_of, source_options
 from evals.eval_config import EvalConfig
-from launch.backends import backend_for
-from launch.environment import EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.features.registry import feature_options
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
 from launch.parallel_config import ParallelConfig
-from launch.runtime.attention import resolve_attention
 from launch.train_config import RunConfig, TrainConfig, require
 from models.presets import ModelConfig
-from orscale.adamw import adamw_auto
 from orscale.optim_config import OptimConfig
 from orscale.registry import optim_options, optimizer_spec, schedule_of
 from records.config_keys import upgrade
@@ -169,13 +165,6 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = (), facts: EnvFacts | None = None) -> Config:
-    """Read a YAML file (optional), apply dotted overrides, type-check, and `resolve` the result
-    against `facts` (default: this process's, `EnvFacts.from_env`)."""
-    cfg = read_config(path, overrides)
-    return resolve(cfg, facts if facts is not None else EnvFacts.from_env(cfg.train))
-
-
 def read_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """A YAML file (optional) with dotted overrides applied, type-checked, each section checked; not
     yet resolved against a launch (`resolve`)."""
@@ -255,71 +244,6 @@ def keep_chosen(cfg: Config) -> Config:
         kept = {key: value for key, value in getattr(section, SECTIONS).items() if key in wanted}
         setattr(out, name, dataclasses.replace(section, **{SECTIONS: kept}))
     return out
-
-
-def resolve(cfg: Config, facts: EnvFacts) -> Config:
-    """The config that runs under `facts`, as a new Config (`cfg` is left as it was); what config.yaml
-    and run.log record. Checks what spans sections (`validate`) and resolves:
-    `parallel`: backend auto and dp_shard -1 for the world size (`ParallelConfig.for_world`);
-    the `auto` settings that depend on the device (docs/gpu.md, "One GPU"): on CUDA, `parallel.compile`
-    is blocks (compiled blocks, head and loss: the fastest measured) and AdamW fused (foreach on
-    FSDP2's DTensors under a torch that leaks there); on a CPU, eager and foreach; `train.attention`
-    auto becomes the backend measured fastest on this board, else torch's order;
-    `train.micro_batch_size`: at most a rank's share of a step (`fit_micro_batch`, said in `notes`)."""
-    resolved = keep_chosen(copy.deepcopy(cfg))  # filled in below; the caller's stays as it was
-    resolved.parallel = cfg.parallel.for_world(facts.world_size)
-    validate(resolved)
-    parallel, optim, train = resolved.parallel, resolved.optim, resolved.train
-    if parallel.compile == "auto":
-        parallel.compile = "blocks" if facts.cuda else "none"
-    if optim.fused == "auto":
-        optim.fused = adamw_auto(facts.cuda, dtensor_params=backend_for(parallel.backend).shards_parameters)
-    if train.attention == "auto":
-        train.attention = resolve_attention("auto", facts.device_name if facts.cuda else None)
-    train.micro_batch_size, note = fit_micro_batch(train, resolved.data.seq_len, facts.world_size)
-    resolved.notes = (*cfg.notes, note) if note else cfg.notes
-    return resolved
-
-
-def fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> tuple[int, str | None]:
-    """`train.micro_batch_size` on `world_size` ranks, and the line that says so when it changed: a
-    micro-batch larger than a rank's share of the step is the share (the tiny default's 16 sequences
-    per micro-batch on 2 ranks, each holding 8 of a step's 16)."""
-    share = train.tokens_per_step // seq_len // world_size
-    if train.micro_batch_size > share >= 1:
-        return share, (
-            f"train.micro_batch_size {train.micro_batch_size} is more than a rank's share of a step "
-            f"({share} sequences on {world_size} ranks): using {share}"
-        )
-    return train.micro_batch_size, None
-
-
-def validate(cfg: Config) -> None:
-    """The checks that span sections (each section has checked itself on construction)."""
-    t, d = cfg.train, cfg.data
-    require(
-        t.tokens_per_step >= d.seq_len,
-        f"train.tokens_per_step ({t.tokens_per_step}) must be at least one window of data.seq_len ({d.seq_len})",
-    )
-    require(
-        t.tokens_per_step % d.seq_len == 0,
-        f"train.tokens_per_step ({t.tokens_per_step}) must be a multiple of data.seq_len ({d.seq_len})",
-    )
-    context = cfg.model.resolve().max_seq_len
-    require(
-        d.seq_len <= context,
-        f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
-        "lower data.seq_len or set model.max_seq_len",
-    )
-    backend_for(cfg.parallel.backend).check_param_dtype(cfg.parallel)
-    windows = t.tokens_per_step // d.seq_len
-    require(
-        windows % d.logical_shards == 0,
-        f"a step's {windows} windows (train.tokens_per_step / data.seq_len) must be a multiple of "
-        f"data.logical_shards ({d.logical_shards}) so a step draws the same windows at any world size; "
-        f"set data.logical_shards={math.gcd(windows, d.logical_shards)} (it must also be a multiple of the "
-        f"number of ranks) or train.tokens_per_step to a multiple of {d.logical_shards * d.seq_len}",
-    )
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

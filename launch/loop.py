@@ -1,4 +1,4 @@
-"""`train(cfg)`: build a run's trainer (`launch.run.build`), then run its one loop for every backend —
+"""`train(plan)`: build a run's trainer (`launch.run.build`), then run its one loop for every backend —
 step, the loop features' hooks, save (`launch.trainer`) — and `main(argv)`, the command line
 (`python train.py --config ... [section.key=value ...]`)."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from launch.checkpoint import latest_checkpoint, read_meta
-from launch.config import Config, load_config
+from launch.config import Config
 from launch.errors import USER_ERRORS
+from launch.plan import Plan, load_plan
 from launch.run.build import RunComplete, build_trainer
 from launch.runtime.console import report_failure, report_user_error, setup_logging
 from launch.runtime.hangs import COMM_FAILURE_EXIT, CommFailure, comm_failure
@@ -31,11 +32,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def train(cfg: Config) -> dict:
+def train(plan: Plan) -> dict:
     """Build the run's components (launch/run/build.py), then train: the trainer's loop is step, the
     features' hooks (log, evaluate, stop), save (launch/trainer.py)."""
+    cfg = plan.cfg
     try:
-        trainer = build_trainer(cfg)
+        trainer = build_trainer(plan)
     except RunComplete as done:
         log.info("%s: nothing to do (raise train.max_steps to train further)", done)
         return {"step": done.step, "complete": True}
@@ -75,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(rank=0)
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
-        train(cfg)
+        train(load_plan(args.config, args.overrides))
     except USER_ERRORS as err:
         report_user_error(err, int(os.environ.get("RANK", "0")))
         shutdown(clean=False)

@@ -23,8 +23,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel
 
-from launch.backends import Backend, DDPBackend, ZeroBackend, backend_for
-from launch.config import Config, load_config
+from launch.backends import Backend, DDPBackend, ZeroBackend, backend_for, resolve_auto
+from launch.config import read_config
 from launch.dryrun.fake_world import (
     Collective,
     CollectiveLog,
@@ -34,8 +34,9 @@ from launch.dryrun.fake_world import (
     is_fake_world,
 )
 from launch.engine.torch_engine import TorchEngine
+from launch.environment import EnvFacts
 from launch.errors import ConfigError
-from launch.run.setup import _accum_steps
+from launch.plan import Plan, resolve
 from launch.runtime.process_group import DistEnv
 from models import GPT
 from orscale.distributed.owners import OwnerMuonFamily
@@ -139,17 +140,17 @@ def bytes_on_every_rank(tensors: Iterable[Tensor], world: int) -> list[int]:
     return out
 
 
-def _config(path: str | Path, world: int, replicate: int, backend: str | None, overrides: list[str]) -> Config:
+def _plan(path: str | Path, world: int, replicate: int, backend: str | None, overrides: list[str]) -> Plan:
+    """The run's plan in this (fake) world, as train.py makes it, after the dry run's own refusals."""
     extra = [f"parallel.dp_replicate={replicate}"] if replicate > 1 else []
-    cfg = load_config(str(path), [*overrides, *([f"parallel.backend={backend}"] if backend else []), *extra])
-    why = unsupported(cfg.parallel.backend)
+    cfg = read_config(str(path), [*overrides, *([f"parallel.backend={backend}"] if backend else []), *extra])
+    name = resolve_auto(cfg.parallel.backend, world)
+    why = unsupported(name)
     if why is not None:
-        raise ConfigError(f"the dry run cannot run parallel.backend={cfg.parallel.backend}: {why}")
-    if not backend_for(cfg.parallel.backend).many_processes and world > 1:
-        raise ConfigError(
-            f"parallel.backend={cfg.parallel.backend} runs one process; pass --backend fsdp or ddp for {world} ranks"
-        )
-    return cfg
+        raise ConfigError(f"the dry run cannot run parallel.backend={name}: {why}")
+    if not backend_for(name).many_processes and world > 1:
+        raise ConfigError(f"parallel.backend={name} runs one process; pass --backend fsdp or ddp for {world} ranks")
+    return resolve(cfg, EnvFacts.from_env(cfg.train))
 
 
 def dry_run(
@@ -200,13 +201,11 @@ def step_rank(
     """Build and step this rank in the world that exists (fake, or a real process group with the
     log active: the tests compare the two), measured."""
     notes: list[str] = []
-    cfg = _config(config, world, replicate, backend, list(overrides))
+    plan = _plan(config, world, replicate, backend, list(overrides))
+    cfg, chosen, accum = plan.cfg, plan.backend, plan.accum_steps
     par, train = cfg.parallel, cfg.train
     model_cfg = cfg.model.resolve()
-    chosen = backend_for(par.backend)
     engine_type = chosen.engine_class()
-    engine_type.check_config(par, cfg.optim)
-    accum = _accum_steps(train, cfg.data.seq_len, world)
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
     if par.param_dtype == "auto" and chosen.shards_parameters:
         par.param_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"  # fsdp_mixed_precision on CUDA

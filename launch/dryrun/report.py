@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.backends import BACKENDS, backend_for
-from launch.config import load_config
 from launch.dryrun.measure import UNSUPPORTED, DryRun
+from launch.plan import load_config
 
 GIB, MIB, GB, MB = 2**30, 2**20, 1e9, 1e6
 # The table's layouts, in its order: (parallel.backend, replicated across nodes: HSDP).

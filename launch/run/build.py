@@ -1,7 +1,8 @@
-"""A `launch.trainer.Trainer` from the config, built in the order a run needs: the cheap checks (the
-same line on every rank, before anything is read or written), the process group, the data (tokenizer,
-validation set, this rank's shards), the run directory (locked: one writer) and where the run starts,
-then the engine, the checkpointer (a checkpoint restored), and the loop features the config enables."""
+"""A `launch.trainer.Trainer` from the run's plan (launch/plan.py: every check already made, the same
+line on every rank, before anything is read or written), built in the order a run needs: the process
+group, the data (tokenizer, validation set, this rank's shards), the run directory (locked: one
+writer) and where the run starts, then the engine, the checkpointer (a checkpoint restored), and the
+loop features the plan has."""
 
 from __future__ import annotations
 
@@ -11,29 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data import Documents, PackedLoader, TextTokenizer, build_val_set, load_tokenizer, open_documents
+from data import Documents, PackedLoader, TextTokenizer, build_val_set, load_tokenizer
 from launch.checkpoint import Checkpointer, read_meta
 from launch.config import Config, to_dict
-from launch.engine import Engine, engine_class
+from launch.engine import Engine
 from launch.errors import ConfigError
-from launch.features import build_features
+from launch.plan import Plan
 from launch.run.lock import RunLock
 from launch.run.meter import StepMeter
 from launch.run.profiling import check_memory_snapshot
 from launch.run.provenance import git_commit
 from launch.run.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.run.run_dir import RunDir
-from launch.run.setup import _accum_steps, check_config, step_shape
 from launch.run.train_state import TrainState
 from launch.runtime.console import setup_logging
-from launch.runtime.process_group import (
-    DistEnv,
-    compute_dtype,
-    init_distributed,
-    launched_world_size,
-    rank0_decides,
-    set_tf32,
-)
+from launch.runtime.process_group import DistEnv, compute_dtype, init_distributed, rank0_decides, set_tf32
 from launch.trainer import Trainer
 
 log = logging.getLogger("orscale")
@@ -49,27 +42,24 @@ class RunComplete(Exception):
 
 @dataclass
 class Start:
-    """What the launch worked out before it read anything: the process group, the shape of a step,
-    TF32 as CUDA applied it (tf32 | ieee; None off CUDA)."""
+    """What the launch set up before it read anything: the process group, TF32 as CUDA applied it
+    (tf32 | ieee; None off CUDA)."""
 
     env: DistEnv
-    accum_steps: int
     tf32: str | None
 
 
-def start_launch(cfg: Config) -> Start:
-    """The cheap checks (the same line on every rank: nothing is read or written before the config
-    is known to be sound), then the process group, logging, TF32 and the micro-batch."""
-    warnings = [*cfg.warnings, *check_config(cfg, launched_world_size())]
-    env = init_distributed(cfg.parallel.backend, cfg.train.device, cfg.parallel.init_timeout_s, cfg.run.dir)
+def start_launch(plan: Plan) -> Start:
+    """The process group, logging, what the plan has to say (once, not once per rank), and TF32."""
+    cfg = plan.cfg
+    env = init_distributed(plan.backend, cfg.train.device, cfg.parallel.init_timeout_s, cfg.run.dir)
     setup_logging(env.rank)
-    for line in warnings if env.is_main else []:  # the config's: once, not once per rank
-        log.warning(line)
     check_memory_snapshot(cfg.train, env.device)
-    tf32 = set_tf32(cfg.train.tf32, env.device)
-    for note in cfg.notes:  # what resolve changed (the micro-batch fitted to a rank's share)
+    for line in plan.warnings if env.is_main else []:
+        log.warning(line)
+    for note in plan.notes if env.is_main else []:  # what resolve changed, and keys read where they live now
         log.info(note)
-    return Start(env, _accum_steps(cfg.train, cfg.data.seq_len, env.world_size), tf32)
+    return Start(env, set_tf32(cfg.train.tf32, env.device))
 
 
 def load_text(cfg: Config) -> TextTokenizer:
@@ -94,9 +84,10 @@ def run_meta(cfg: Config, tokenizer: TextTokenizer) -> dict[str, Any]:
     }
 
 
-def resume_point(cfg: Config, env: DistEnv, run_dir: RunDir, lock: RunLock, meta: dict[str, Any]) -> Path | None:
+def resume_point(plan: Plan, env: DistEnv, run_dir: RunDir, lock: RunLock, meta: dict[str, Any]) -> Path | None:
     """Rank 0 takes the lock and finds the checkpoint this run continues from (checked against this
     config and backend); every rank gets the answer. RunComplete when it is the final one."""
+    cfg = plan.cfg
     run_path = Path(cfg.run.dir)
 
     def decide() -> Path | None:
@@ -110,7 +101,7 @@ def resume_point(cfg: Config, env: DistEnv, run_dir: RunDir, lock: RunLock, meta
         if found is not None:
             branch = bool(cfg.run.init_from) and run_path.resolve() not in found.resolve().parents
             check_resume_compatible(read_meta(found), meta, branch_start=found if branch else None)
-            engine_class(cfg.parallel.backend).check_checkpoint(found, env.world_size)
+            plan.backend.engine_class().check_checkpoint(found, env.world_size)
         return found
 
     resume_from = rank0_decides(decide)
@@ -137,17 +128,17 @@ class Parts:
     checkpointer: Checkpointer
 
 
-def build_parts(cfg: Config, start: Start, docs: Documents, val_end: tuple[int, int], run_dir: RunDir) -> Parts:
+def build_parts(plan: Plan, start: Start, docs: Documents, val_end: tuple[int, int], run_dir: RunDir) -> Parts:
     """The engine (model, parallelism, optimizers), the loader after the validation windows, the
     train state, the meter and the checkpointer of them all (collective)."""
-    env = start.env
+    cfg, env = plan.cfg, start.env
     windows = cfg.train.tokens_per_step // cfg.data.seq_len
     loader = PackedLoader(
         cfg.data, docs, first=val_end, windows_per_step=windows, rank=env.rank, world_size=env.world_size
     )
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine_type = engine_class(cfg.parallel.backend)
-    engine = engine_type(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, start.accum_steps)
+    engine_type = plan.backend.engine_class()
+    engine = engine_type(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, plan.accum_steps)
     state = TrainState(env.rank, env.world_size)
     model = engine.model
     flops = (model.flops_per_token(cfg.data.seq_len), model.flops_per_token(cfg.data.seq_len, causal=True))
@@ -167,21 +158,22 @@ def build_parts(cfg: Config, start: Start, docs: Documents, val_end: tuple[int, 
     return Parts(engine, loader, state, meter, checkpointer)
 
 
-def build_trainer(cfg: Config) -> Trainer:
-    """Check, build and (if there is a checkpoint) restore everything; open the run directory.
-    Raises RunComplete when the run directory already holds this run's final checkpoint."""
-    start = start_launch(cfg)
-    env, accum_steps = start.env, start.accum_steps
+def build_trainer(plan: Plan) -> Trainer:
+    """Build and (if there is a checkpoint) restore everything; open the run directory. Raises
+    RunComplete when the run directory already holds this run's final checkpoint."""
+    cfg = plan.cfg
+    start = start_launch(plan)
+    env, accum_steps = start.env, plan.accum_steps
     tokenizer = load_text(cfg)
-    docs = open_documents(cfg.data, tokenizer)
+    docs = plan.source.open(cfg.data, tokenizer)
     # Read and tokenised once, on rank 0 (10M tokens for the paper's presets), then broadcast: 64
     # ranks do not each download the validation documents, and a data error is one line from rank 0.
     val, val_end = rank0_decides(lambda: build_val_set(cfg.data, docs))
     run_dir, lock = RunDir(cfg.run.dir, active=env.is_main), RunLock(Path(cfg.run.dir))
     meta = run_meta(cfg, tokenizer)
     try:
-        resume_from = resume_point(cfg, env, run_dir, lock, meta)
-        parts = build_parts(cfg, start, docs, val_end, run_dir)
+        resume_from = resume_point(plan, env, run_dir, lock, meta)
+        parts = build_parts(plan, start, docs, val_end, run_dir)
         if resume_from is not None:
             parts.checkpointer.load(resume_from)
         prepare_run_dir(run_dir, parts.state.step)
@@ -206,9 +198,8 @@ def build_trainer(cfg: Config) -> Trainer:
     }
     run_dir.open(meta["config"], cfg.train, extra=extra)
     step = parts.state.step
-    shape = step_shape(env.world_size, accum_steps, cfg.train.micro_batch_size, cfg.data.seq_len)
     begins = f"resuming at step {step}" if step else "fresh start"
-    log.info("model: %.2fM parameters; %s; %s", extra["params"] / 1e6, shape, begins)
+    log.info("model: %.2fM parameters; %s; %s", extra["params"] / 1e6, plan.step_shape(), begins)
     return Trainer(
         cfg=cfg,
         env=env,
@@ -223,6 +214,6 @@ def build_trainer(cfg: Config) -> Trainer:
         val=val,
         meta=meta,
         accum_steps=accum_steps,
-        features=build_features(cfg),
+        features=[feature(cfg) for feature in plan.features],
         start_step=step,
     )

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from launch.backends import BACKENDS, backend_for
+from launch.backends import Backend
 from launch.environment import EnvFacts
 from launch.errors import ConfigError
 from launch.runtime.hangs import elastic_store, nccl_ends_on_timeout, nccl_flight_recorder, set_default_timeout
@@ -40,38 +40,15 @@ class DistEnv:
         return dist.is_available() and dist.is_initialized()
 
 
-def launched_world_size() -> int:
-    """The number of processes launched (torchrun's WORLD_SIZE; 1 for a plain `python train.py`)."""
-    return EnvFacts.from_env().world_size
-
-
-# `accelerate launch` with our shipped configs announces the backend it was set up for.
-_ACCELERATE = {"FSDP": "an FSDP config", "DEEPSPEED": "a DeepSpeed config"}
-
-
-def check_backend(backend: str, world_size: int) -> None:
-    """Errors a user can make before any process group exists (identical on every rank).
-    `backend`: parallel.backend, resolved (launch.config.resolve)."""
-    chosen = backend_for(backend)
-    chosen.check_launch(world_size)
-    for kind, config in _ACCELERATE.items():
-        if os.environ.get(f"ACCELERATE_USE_{kind}", "").lower() == "true" and chosen.accelerate_kind != kind:
-            names = " or ".join(name for name, cls in BACKENDS.items() if cls.accelerate_kind == kind)
-            raise ConfigError(
-                f"launched by accelerate with {config} but parallel.backend={backend}; pass parallel.backend={names}"
-            )
-
-
 def init_distributed(
-    backend: str, device_setting: str = "auto", timeout_s: float = 1800.0, run_dir: str | Path | None = None
+    backend: Backend, device_setting: str = "auto", timeout_s: float = 1800.0, run_dir: str | Path | None = None
 ) -> DistEnv:
-    """Create the default process group when `backend` (parallel.backend) asks for one (every backend
-    but `none`), even on one process. `device_setting`: train.device (auto | cpu | cuda). `timeout_s`:
-    every collective's (parallel.init_timeout_s; the loop sets parallel.comm_timeout_s once start-up is
-    over). `run_dir`: where NCCL's flight recorder writes its dumps at a timeout (launch/runtime/hangs.py)."""
+    """Create the default process group when `backend` asks for one (every backend but `none`), even on
+    one process. `device_setting`: train.device (auto | cpu | cuda). `timeout_s`: every collective's
+    (parallel.init_timeout_s; the loop sets parallel.comm_timeout_s once start-up is over). `run_dir`:
+    where NCCL's flight recorder writes its dumps at a timeout (launch/runtime/hangs.py)."""
     facts = EnvFacts.from_env()
     world_size, rank, local_rank = facts.world_size, facts.rank, facts.local_rank
-    check_backend(backend, world_size)
     use_cuda = device_setting == "cuda" or (device_setting == "auto" and torch.cuda.is_available())
     if use_cuda:
         if not torch.cuda.is_available():
@@ -85,7 +62,7 @@ def init_distributed(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if backend_for(backend).process_group and not dist.is_initialized():
+    if backend.process_group and not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # a plain `python train.py` run: a group of one
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -106,7 +83,7 @@ def init_distributed(
             rank=rank,
             world_size=world_size,
         )
-    return DistEnv(rank, world_size, local_rank, device, backend, facts.local_world_size)
+    return DistEnv(rank, world_size, local_rank, device, backend.name, facts.local_world_size)
 
 
 def compute_dtype(setting: str, device: torch.device) -> torch.dtype:

@@ -10,7 +10,8 @@ from data.sources.hub import Hub
 from data.sources.local import LocalFiles
 from data.sources.registry import SOURCES, build_catalog, source_of
 from data.sources.tokens import TokenShards
-from launch.config import ConfigError, load_config
+from launch.config import ConfigError
+from launch.plan import load_config
 from tests.conftest import data_config
 from tests.helpers import TINY
 

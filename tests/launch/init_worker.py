@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from launch.backends import backend_for
 from launch.config import Config
 from launch.engine.parallelize import build_model
 from launch.runtime.process_group import init_distributed
@@ -28,7 +29,7 @@ def initial_states() -> dict[str, dict[str, torch.Tensor]] | None:
     cfg.parallel.backend = "fsdp"
     cfg.train.device = "cpu"
     cfg.train.seed = SEED
-    env = init_distributed(cfg.parallel.backend, cfg.train.device)
+    env = init_distributed(backend_for(cfg.parallel.backend), cfg.train.device)
     results = {}
     for backend in ("fsdp", "ddp"):
         cfg.parallel.backend = backend

@@ -1,6 +1,6 @@
 """Several training runs in one launch, one after another (the 2-rank side of tests that compare
 many configurations, and their one-process references). Under torchrun the runs share the process
-group; every run is the trainer's own `train(cfg)` from the same command-line arguments, seeded on
+group; every run is the trainer's own `train(plan)` from the same command-line arguments, seeded on
 its own. Starting Python, torch and torchrun costs more than a tiny run itself, so a test module
 starts one launch per backend instead of one per configuration.
 
@@ -17,8 +17,8 @@ if __name__ == "__main__":
 
     die_with_parent()
 
-    from launch.config import load_config
     from launch.loop import parse_args, train
+    from launch.plan import load_plan
     from launch.runtime.console import setup_logging
     from launch.runtime.process_group import shutdown
 
@@ -27,5 +27,5 @@ if __name__ == "__main__":
         runs = json.load(fh)
     for argv in runs:
         args = parse_args(argv)
-        train(load_config(args.config, args.overrides))
+        train(load_plan(args.config, args.overrides))
     shutdown()

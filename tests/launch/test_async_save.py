@@ -145,8 +145,8 @@ def test_the_runs_saves_go_to_the_background_but_a_stop_or_the_last_step_waits_f
     nothing in flight."""
     from types import SimpleNamespace
 
-    from launch.config import load_config
     from launch.features.checkpointing import Checkpointing
+    from launch.plan import load_config
     from launch.trainer import Trainer
     from tests.helpers import SMALL, TINY
 

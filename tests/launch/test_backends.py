@@ -4,19 +4,23 @@ errors the launch gave before it existed; and no backend name compared anywhere 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import torch
 
 from launch.backends import BACKENDS, DDPBackend, FSDPBackend, NoBackend, ZeroBackend, backend_for, resolve_auto
-from launch.config import ParallelConfig, load_config
+from launch.config import ParallelConfig, read_config
 from launch.engine import engine_class
 from launch.engine.parallelize import reshard_after_forward
+from launch.environment import EnvFacts
 from launch.errors import ConfigError
-from launch.runtime.process_group import check_backend
+from launch.plan import load_config, resolve
 from orscale import PLACEMENTS
 from tests.conftest import ROOT
+
+TINY = str(ROOT / "configs/tiny.yaml")
 
 
 def test_every_name_has_one_class_that_knows_its_name() -> None:
@@ -58,6 +62,13 @@ def test_engines_placements_and_layouts() -> None:
 def test_auto_is_none_on_one_process_and_fsdp_on_several() -> None:
     assert [resolve_auto("auto", world) for world in (1, 2, 8)] == ["none", "fsdp", "fsdp"]
     assert resolve_auto("ddp", 1) == "ddp" and resolve_auto("none", 4) == "none"  # an explicit choice stays
+
+
+def check_backend(name: str, world: int) -> None:
+    """A launch of `world` processes planned with parallel.backend=`name` (and this process's
+    `accelerate launch` facts)."""
+    facts = dataclasses.replace(EnvFacts.from_env(), world_size=world, local_world_size=world)
+    resolve(read_config(TINY, [f"parallel.backend={name}", "train.micro_batch_size=1"]), facts)
 
 
 def test_launch_errors_are_the_same_lines(monkeypatch: pytest.MonkeyPatch) -> None:

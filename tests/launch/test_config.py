@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from launch.config import load_config, parse_overrides
+from launch.config import parse_overrides
 from launch.errors import ConfigError
+from launch.plan import load_config
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "configs/tiny.yaml")

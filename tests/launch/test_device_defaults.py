@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launch.config import load_config, to_dict
+from launch.config import to_dict
+from launch.plan import load_config
 from orscale.adamw import adamw_auto
 from tests.helpers import ROOT
 

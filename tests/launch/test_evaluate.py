@@ -18,7 +18,7 @@ from data import load_tokenizer
 from evals import EvalConfig, load_task, score_batches
 from launch.checkpoint import Checkpointer
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.config import load_config, to_dict
+from launch.config import to_dict
 from launch.evaluation.downstream import (
     METRIC_KEYS,
     eval_metrics,
@@ -29,6 +29,7 @@ from launch.evaluation.downstream import (
 )
 from launch.evaluation.offline import main
 from launch.export import export_hf
+from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT
 from models.presets import get_preset

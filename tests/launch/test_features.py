@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from launch.config import load_config, to_dict
+from launch.config import to_dict
 from launch.errors import ConfigError
 from launch.features import FEATURES, Feature, build_features
 from launch.features.checkpointing import Checkpointing
@@ -17,6 +17,7 @@ from launch.features.downstream import Downstream
 from launch.features.registry import feature_options, observed_sections
 from launch.features.sample import SampleConfig
 from launch.features.window_audit import WindowAuditing
+from launch.plan import load_config
 from launch.run.resume import QUIET
 from launch.trainer import Trainer
 from models import GPT, GPTConfig

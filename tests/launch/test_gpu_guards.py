@@ -40,11 +40,12 @@ def _zero_forward(dtype_name: str) -> dict:
     real = torch.is_autocast_enabled
     torch.is_autocast_enabled = lambda device_type=None: real(device_type or "cpu")  # type: ignore[assignment]
     try:
+        from launch.backends import backend_for
         from launch.engine.deepspeed_engine import DeepSpeedEngine
         from launch.runtime.process_group import init_distributed
 
         cfg = zw.make_config("orscale_lm", backend="zero2")
-        env = init_distributed(cfg.parallel.backend, cfg.train.device)
+        env = init_distributed(backend_for(cfg.parallel.backend), cfg.train.device)
         model_cfg = zw.get_preset("tiny", **zw.MODEL)
         engine = DeepSpeedEngine(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, zw.ACCUM)
         seen: list[torch.dtype] = []
@@ -152,7 +153,7 @@ def test_tf32_sets_cudas_fp32_matmul_precision_and_leaves_the_cpu_alone():
 
 
 def test_tf32_is_a_train_setting_recorded_in_the_run(tmp_path):
-    from launch.config import load_config
+    from launch.plan import load_config
 
     assert load_config(None, []).train.tf32 is True
     assert load_config(None, ["train.tf32=false"]).train.tf32 is False
@@ -165,9 +166,9 @@ def test_downstream_scoring_of_a_compiled_model_meets_at_most_four_shapes():
     from torch._dynamo.utils import counters
 
     from data import load_tokenizer
-    from launch.config import load_config
     from launch.engine.parallelize import build_model
     from launch.evaluation.downstream import prepare_tasks, score_prepared
+    from launch.plan import load_config
     from models import get_preset
     from tests.helpers import BPE4K
 

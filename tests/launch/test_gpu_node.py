@@ -23,8 +23,8 @@ import torch
 import yaml
 
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.config import load_config
 from launch.engine.parallelize import build_model
+from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from launch.sweep import jobs
 from launch.sweep import sweep_cli as sweep

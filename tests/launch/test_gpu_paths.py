@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from launch.checkpoint import checkpointer as ckpt
-from launch.config import load_config
 from launch.engine.parallelize import build_model, fsdp_mixed_precision, reshard_after_forward
+from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from models import get_preset
 from orscale import OptimConfig, build_optimizers

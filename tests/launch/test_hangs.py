@@ -10,8 +10,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from launch.config import load_config
 from launch.errors import ConfigError
+from launch.plan import load_config
 from launch.runtime import hangs
 from launch.runtime.hangs import CommFailure, comm_failure
 from launch.runtime.stall_watch import StallWatch
@@ -140,6 +140,7 @@ def _init_as_on_a_gpu_node(monkeypatch, device: str, run_dir) -> dict[str, str]:
     import torch
     import torch.distributed.distributed_c10d as c10d
 
+    from launch.backends import backend_for
     from launch.runtime.process_group import init_distributed
 
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "NCCL" not in k and "FR_" not in k})
@@ -160,7 +161,7 @@ def _init_as_on_a_gpu_node(monkeypatch, device: str, run_dir) -> dict[str, str]:
 
     monkeypatch.setattr(dist, "init_process_group", made)
     with pytest.raises(_GroupMade):
-        init_distributed("ddp", device, 60.0, run_dir)
+        init_distributed(backend_for("ddp"), device, 60.0, run_dir)
     return seen
 
 

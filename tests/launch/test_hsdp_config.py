@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from launch.config import ParallelConfig, load_config
+from launch.config import ParallelConfig
 from launch.engine.parallelize import reshard_after_forward
 from launch.errors import ConfigError
+from launch.plan import load_config
 
 
 def _parallel(monkeypatch: pytest.MonkeyPatch, world: int, *overrides: str) -> ParallelConfig:

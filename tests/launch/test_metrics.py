@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from launch.checkpoint import Checkpointer
-from launch.config import load_config
 from launch.errors import ConfigError
 from launch.loop import main as train_main
+from launch.plan import load_config
 from launch.run.meter import StepMeter
 from launch.run.run_dir import check_mirrors_available
 from launch.run.train_state import TrainState

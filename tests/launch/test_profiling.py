@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.config import load_config
 from launch.errors import ConfigError
+from launch.plan import load_config
 from launch.run import cuda_memory
 from launch.run.profiling import StepTracing, check_memory_snapshot
 from tests.helpers import SMALL, TINY

@@ -1,4 +1,4 @@
-"""The config resolved once, purely (launch.config.resolve): the launch's facts come in one
+"""The config resolved once, purely (launch.plan.resolve): the launch's facts come in one
 `EnvFacts`, the derived values (backend auto, dp_shard -1, the device's defaults, a micro-batch
 fitted to a rank's share) are computed from them into a new Config, which is what config.yaml
 records; the config classes read no environment and the config given is left as it was."""
@@ -9,9 +9,10 @@ import dataclasses
 
 import pytest
 
-from launch.config import Config, ParallelConfig, TrainConfig, load_config, resolve, to_dict
+from launch.config import Config, ParallelConfig, TrainConfig, to_dict
 from launch.environment import EnvFacts
 from launch.errors import ConfigError
+from launch.plan import fit_micro_batch, load_config, resolve
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "configs/tiny.yaml")
@@ -28,8 +29,8 @@ def _old_fit(train: TrainConfig, seq_len: int, world_size: int) -> int:
 def test_the_micro_batch_is_the_one_the_old_setup_chose(world: int, micro: int) -> None:
     cfg = Config()  # as read, before resolve: parallel.backend auto, parallel.dp_shard -1
     cfg.train.micro_batch_size = micro
-    resolved = resolve(cfg, EnvFacts(world_size=world, local_world_size=world))
-    assert resolved.train.micro_batch_size == _old_fit(cfg.train, cfg.data.seq_len, world)
+    fitted, _ = fit_micro_batch(cfg.train, cfg.data.seq_len, world)  # what resolve sets (where it plans a launch)
+    assert fitted == _old_fit(cfg.train, cfg.data.seq_len, world)
     assert cfg.train.micro_batch_size == micro  # the config given is not touched
 
 
@@ -61,10 +62,10 @@ def test_resolve_is_pure_and_idempotent() -> None:
     cfg.train.micro_batch_size = 64
     before = to_dict(cfg)
     facts = EnvFacts(world_size=8, local_world_size=8)
-    once = resolve(cfg, facts)
+    once = resolve(cfg, facts).cfg
     assert to_dict(cfg) == before  # the config given is left as it was
-    assert to_dict(resolve(cfg, facts)) == to_dict(once)  # the same facts, the same config
-    assert to_dict(resolve(once, facts)) == to_dict(once)  # a resolved config (config.yaml) stays what it is
+    assert to_dict(resolve(cfg, facts).cfg) == to_dict(once)  # the same facts, the same config
+    assert to_dict(resolve(once, facts).cfg) == to_dict(once)  # a resolved config (config.yaml) stays what it is
     assert (once.parallel.backend, once.parallel.dp_shard, once.parallel.compile) == ("fsdp", 8, "none")
     assert once.train.micro_batch_size == 4  # a rank's share: 32 sequences on 8 ranks
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from launch.checkpoint import FORMAT
-from launch.config import load_config, to_dict
+from launch.config import to_dict
+from launch.plan import load_config
 from launch.run.resume import check_resume_compatible
 from tests.helpers import TINY
 

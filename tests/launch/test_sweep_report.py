@@ -277,7 +277,7 @@ def test_a_cell_run_in_process_logs_its_own_train_py_command(tmp_path, monkeypat
     """run.log records sys.argv as the run's command: a cell run in the sweep's process records its own
     `python train.py ...` (from the project root), resolving to the cell's config; not the sweep's."""
     from launch import loop
-    from launch.config import load_config
+    from launch.plan import load_config
     from launch.run.provenance import environment
 
     cell = load_sweep(write_sweep(tmp_path / "s.yaml", tmp_path / "runs")).cells[0]

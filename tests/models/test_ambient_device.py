@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launch.config import load_config
 from launch.engine.parallelize import build_model
+from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers

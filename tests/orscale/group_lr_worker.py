@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from launch.config import load_config
+from launch.plan import load_config
 from orscale.schedule import lr_at
 from tests.orscale.optim_helpers import gpt_hidden
 
@@ -63,11 +63,12 @@ def _groups(engine) -> list[tuple[str, float]]:
 
 
 def run(backend: str, optim: str) -> dict:
+    from launch.backends import backend_for
     from launch.engine import engine_class
     from launch.runtime.process_group import compute_dtype, init_distributed
 
     cfg = load_config(None, [*OVERRIDES, f"optim.name={optim}", f"parallel.backend={backend}"])
-    env = init_distributed(backend, "cpu")
+    env = init_distributed(backend_for(backend), "cpu")
     dtype = compute_dtype(cfg.train.dtype, env.device)
     engine = engine_class(backend)(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
     gen = torch.Generator().manual_seed(0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launch.config import load_config
 from launch.errors import ConfigError
+from launch.plan import load_config
 from models import GPT, get_preset
 from orscale import OPTIMIZER_NAMES, OptimConfig, build_optimizers, set_lr
 from orscale.muon_spec import MuonOptions

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from launch.config import load_config, to_dict
+from launch.config import to_dict
+from launch.plan import load_config
 from orscale import (
     OPTIMIZER_NAMES,
     PLACEMENTS,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from launch.config import load_config, to_dict
+from launch.config import to_dict
 from launch.errors import ConfigError
 from launch.loop import main as train_main
+from launch.plan import load_config
 from orscale import SCHEDULES, OptimConfig, check_schedule, scheduled_lr
 from tests.helpers import SMALL, TINY, metrics
 
