@@ -20,7 +20,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from data.data_config import DataConfig
-from data.sources.registry import source_of, source_options
+from data.sources.registry import SOURCES, source_of, source_options
 from evals.eval_config import EvalConfig
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.features.registry import feature_options
@@ -37,7 +37,7 @@ from launch.parallel_config import ParallelConfig
 from launch.train_config import RunConfig, TrainConfig, require
 from models.presets import ModelConfig
 from orscale.optim_config import OptimConfig
-from orscale.registry import optim_options, optimizer_spec, schedule_of
+from orscale.registry import OPTIMIZERS, SCHEDULES, optim_options, optimizer_spec, schedule_of
 from records.config_keys import upgrade
 
 
@@ -60,6 +60,46 @@ class Config:
 SECTIONS = "sections"  # the field of a section that holds its components' sub-sections
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One kind of component chosen by a key of a section (`optim.name` chooses an optimizer family):
+    `chosen(section)`, the options classes of the one it chooses; `table()`, every component's by
+    name; `strict`: a sub-section of another component, set to other than its defaults, is a one-line
+    error (a schedule's, whose keys mean nothing to another), else a warning (a sweep's base config may
+    set one optimizer's options for every optimizer)."""
+
+    section: str
+    key: str
+    chosen: Callable[[Any], tuple[type[Any], ...]]
+    table: Callable[[], dict[str, tuple[type[Any], ...]]]
+    strict: bool
+
+
+CHOICES: tuple[Choice, ...] = (
+    Choice(
+        "optim",
+        "name",
+        lambda optim: optimizer_spec(optim.name).options,
+        lambda: {name: spec.options for name, spec in OPTIMIZERS.items()},
+        strict=False,
+    ),
+    Choice(
+        "optim",
+        "schedule",
+        lambda optim: schedule_of(optim.schedule).options,
+        lambda: {name: schedule.options for name, schedule in SCHEDULES.items()},
+        strict=True,
+    ),
+    Choice(
+        "data",
+        "source",
+        lambda data: source_of(data).options,
+        lambda: {source.listed_as or " or ".join(source.names): source.options for source in SOURCES},
+        strict=False,
+    ),
+)
+
+
 def component_options() -> dict[type, list[type[Any]]]:
     """Each section's sub-sections: the options classes of its registered components."""
     return {
@@ -70,13 +110,13 @@ def component_options() -> dict[type, list[type[Any]]]:
 
 
 def chosen_options(cfg: Config) -> dict[type, list[type[Any]]]:
-    """The sub-sections `cfg`'s components read: its optimizer's and schedule's, its data source's,
-    and every loop feature's (a feature's section says whether the run has it)."""
-    return {
-        OptimConfig: [*optimizer_spec(cfg.optim.name).options, *schedule_of(cfg.optim.schedule).options],
-        DataConfig: list(source_of(cfg.data).options),
-        TrainConfig: feature_options(),
-    }
+    """The sub-sections `cfg`'s components read: each choice's (its optimizer's, schedule's, data
+    source's), and every loop feature's (a feature's section says whether the run has it)."""
+    chosen: dict[type, list[type[Any]]] = {TrainConfig: feature_options()}
+    for choice in CHOICES:
+        section = getattr(cfg, choice.section)
+        chosen.setdefault(type(section), []).extend(choice.chosen(section))
+    return chosen
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -196,7 +236,7 @@ def config_from_tree(tree: dict[str, Any]) -> Config:
         raise ConfigError(str(err)) from None
     read = {f"{section_name(p)}.{o.section}" for p, os in chosen.items() for o in os}
     cfg.notes = tuple(_moved_notes(moved, read))
-    cfg.warnings = tuple(_unread(tree, read))
+    cfg.warnings = tuple(_unread(cfg, tree, read))
     return cfg
 
 
@@ -219,18 +259,27 @@ def _moved_notes(moved: Iterable[tuple[str, tuple[str, ...]]], read: set[str]) -
     return notes
 
 
-def _unread(tree: dict[str, Any], read: set[str]) -> list[str]:
-    """One line per sub-section `tree` sets that none of the run's components reads (a sweep's base
-    config may set one optimizer's options for every optimizer): it is not recorded."""
+def _unread(cfg: Config, tree: dict[str, Any], read: set[str]) -> list[str]:
+    """One warning per sub-section `tree` sets, other than its defaults, that none of the run's
+    components reads (it is not recorded); a ConfigError for one that a strict choice's other component
+    owns."""
     lines = []
     for parent, options in component_options().items():
         name = section_name(parent)
-        section = tree.get(name)
-        given = section if isinstance(section, dict) else {}
+        given = tree.get(name) if isinstance(tree.get(name), dict) else {}
         for o in options:
             key = f"{name}.{o.section}"
-            if o.section in given and key not in read:
-                lines.append(f"{key} is set but this run does not use its component (another {name} choice): ignored")
+            if o.section not in given or key in read or getattr(cfg, name).sections[o.section] == o():
+                continue
+            choice = next(c for c in CHOICES if c.section == name and any(o in os for os in c.table().values()))
+            chooser = f"{name}.{choice.key}={getattr(getattr(cfg, name), choice.key)}"
+            owners = " or ".join(n for n, os in choice.table().items() if o in os)
+            if choice.strict:
+                raise ConfigError(
+                    f"{key} is the settings of {name}.{choice.key}={owners}; this run has {chooser}: "
+                    f"set {name}.{choice.key}={owners} or leave {key} unset"
+                )
+            lines.append(f"{key} ({owners}'s settings) is set but this run has {chooser}: ignored")
     return lines
 
 

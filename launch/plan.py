@@ -58,11 +58,8 @@ class Plan:
         return self.cfg.train.micro_batch_size
 
     def step_shape(self) -> str:
-        """'2 ranks x 1 micro-batch of 8 x 128 per step': how a step's sequences are laid out."""
-        world, accum = self.facts.world_size, self.accum_steps
-        ranks = f"{world} rank{'s' if world != 1 else ''}"
-        micro = f"{accum} micro-batch{'es' if accum != 1 else ''}"
-        return f"{ranks} x {micro} of {self.micro_batch} x {self.cfg.data.seq_len} per step"
+        """How a step's sequences are laid out (`step_shape`)."""
+        return step_shape(self.facts.world_size, self.accum_steps, self.micro_batch, self.cfg.data.seq_len)
 
 
 def load_plan(path: str | None, overrides: list[str] | tuple[str, ...] = (), facts: EnvFacts | None = None) -> Plan:
@@ -172,6 +169,13 @@ def _check_launch(cfg: Config, facts: EnvFacts, backend: Backend) -> None:
     run_path = Path(cfg.run.dir)
     if run_path.exists() and not run_path.is_dir():
         raise ConfigError(f"run.dir '{run_path}' exists and is not a directory; choose another run.dir")
+
+
+def step_shape(world_size: int, accum_steps: int, micro_batch: int, seq_len: int) -> str:
+    """'2 ranks x 1 micro-batch of 8 x 128 per step': how a step's sequences are laid out."""
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    micro = f"{accum_steps} micro-batch{'es' if accum_steps != 1 else ''}"
+    return f"{ranks} x {micro} of {micro_batch} x {seq_len} per step"
 
 
 def fit_micro_batch(train: TrainConfig, seq_len: int, world_size: int) -> tuple[int, str | None]:

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from launch.checkpoint import FORMAT
-from launch.config import to_dict
-from launch.plan import load_config
+from launch.config import keep_chosen, read_config, to_dict
 from launch.run.resume import check_resume_compatible
 from tests.helpers import TINY
 
 
 def meta(*overrides: str) -> dict[str, Any]:
     """The parts of a checkpoint's meta.json (or of this run's) that the check compares."""
-    return {"format": FORMAT, "model": {}, "tokenizer": "t", "config": to_dict(load_config(TINY, list(overrides)))}
+    config = to_dict(keep_chosen(read_config(TINY, list(overrides))))  # as config.yaml records it
+    return {"format": FORMAT, "model": {}, "tokenizer": "t", "config": config}
 
 
 def test_a_changed_max_steps_is_listed_among_the_changed_settings(caplog) -> None:

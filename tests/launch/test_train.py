@@ -187,7 +187,7 @@ def test_a_run_that_ends_removes_its_lock_file_and_a_killed_runs_is_taken_over(t
 
 
 def test_the_step_layout_line_counts_in_good_grammar():
-    from launch.run.setup import step_shape
+    from launch.plan import step_shape
 
     assert step_shape(1, 1, 4, 64) == "1 rank x 1 micro-batch of 4 x 64 per step"
     assert step_shape(2, 3, 8, 128) == "2 ranks x 3 micro-batches of 8 x 128 per step"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from launch.config import to_dict
+from launch.errors import ConfigError
 from launch.plan import load_config
 from orscale import (
     OPTIMIZER_NAMES,
@@ -134,5 +134,5 @@ def test_the_schedule_table_names_the_valid_schedules(monkeypatch) -> None:
     cfg = OptimConfig(schedule="halving", lr=1.0)
     assert [registry.scheduled_lr(cfg, s, 100) for s in (0, 9, 10, 25)] == [1.0, 1.0, 0.5, 0.25]
     registry.check_schedule(cfg, 1)  # no check of its own against the run's length
-    warned = load_config(TINY, ["optim.schedule=halving", "optim.wsd.decay_steps=3"])  # wsd's keys stay wsd's
-    assert warned.warnings and "wsd" not in to_dict(warned)["optim"]
+    with pytest.raises(ConfigError, match="set optim.schedule=wsd"):  # wsd's keys stay wsd's
+        load_config(TINY, ["optim.schedule=halving", "optim.wsd.decay_steps=3"])
