@@ -1,7 +1,8 @@
-"""A resume from another backend's checkpoint reads it once, on rank 0, and hands it to the other
-ranks one tensor at a time (launch/checkpoint/portable.py): on 2 gloo ranks, the bytes of checkpoint
-tensors each rank reads, and each rank's peak host memory during the load against a same-backend
-resume's. What the resumed steps compute is tests/launch/test_portable_checkpoints.py's."""
+"""A resume from another backend's checkpoint (ZeRO-2 and DDP either way, FSDP2 to DDP, DDP to FSDP2)
+reads it once, on rank 0, and hands it to the other ranks one tensor at a time
+(launch/checkpoint/portable.py): on 2 gloo ranks, the bytes of checkpoint tensors each rank reads,
+and each rank's peak host memory during the load against a same-backend resume's. What the resumed
+steps compute is tests/launch/test_portable_checkpoints.py's."""
 
 from __future__ import annotations
 
@@ -136,11 +137,11 @@ def _resume(source: Path, backend: str, tmp: Path) -> list[dict[str, int]]:
 def saved(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("reads")
     common = [*BIGGER, "train.max_steps=2", "train.ckpt_every=2"]
-    run_many([[*common, f"parallel.backend={b}", f"run.dir={root / b}"] for b in ("ddp", "zero2")], 2)
+    run_many([[*common, f"parallel.backend={b}", f"run.dir={root / b}"] for b in ("ddp", "fsdp", "zero2")], 2)
     return root
 
 
-@pytest.mark.parametrize("source, target", [("zero2", "ddp"), ("ddp", "zero2")])
+@pytest.mark.parametrize("source, target", [("zero2", "ddp"), ("ddp", "zero2"), ("fsdp", "ddp"), ("ddp", "fsdp")])
 def test_a_cross_backend_resume_reads_the_checkpoint_once_on_rank_0(saved, tmp_path, source, target):
     """Rank 0 reads every tensor of the checkpoint once (the ZeRO layout's rank files and
     model.safetensors, or DCP's model and optimizer entries in one read); rank 1 reads none, and holds
