@@ -93,8 +93,8 @@ class TorchEngine(Engine):
         return self._checkpoint.stage(directory, group)
 
     def load(self, directory: Path) -> None:
-        if checkpoint_kind(directory) == "dcp" and not self._every_rank_would_read_it_whole(directory):
-            self._checkpoint.load(directory)  # each rank reads the shards it keeps
+        if checkpoint_kind(directory) == "dcp" and not self._laid_out_otherwise(directory):
+            self._checkpoint.load(directory)  # DCP's own load: each rank reads what it keeps
         else:
             self._load_logical(directory)
         for opt in self.optimizers:  # a loaded AdamW keeps its saved fused/foreach flags: this run's win
@@ -104,18 +104,19 @@ class TorchEngine(Engine):
                     group.update(fused=impl.get("fused"), foreach=impl.get("foreach"))
             place_loaded_state(opt)  # torch's rule with this run's flags (fused: step on p's device)
 
-    def _every_rank_would_read_it_whole(self, directory: Path) -> bool:
-        """Whether DCP's own load of the checkpoint would have every rank read all of it: under DDP
-        (each rank keeps every tensor whole), or under FSDP2 from a checkpoint that stores its tensors
-        whole (one process, DDP: a rank reads a whole tensor to keep its shard)."""
+    def _laid_out_otherwise(self, directory: Path) -> bool:
+        """Whether the DCP checkpoint holds its tensors otherwise than this run's ranks do, so that DCP's
+        own load would have every rank read all of it: shards (FSDP2) into DDP replicas, or whole tensors
+        (one process, DDP) into FSDP2 shards. DDP from whole tensors keeps DCP's own load, in which every
+        rank reads every tensor (its replica)."""
         if self.env.world_size == 1:
             return False
-        return not self._shards or dcp_stores_whole(directory)
+        return dcp_stores_whole(directory) == self._shards
 
     def _load_logical(self, directory: Path) -> None:
-        # Whole weights and optimizer state by name (ZeRO-1/2's layout, or a DCP checkpoint every rank
-        # would read whole), read on rank 0 alone and placed on every rank as this engine's parameters
-        # are (FSDP2 DTensors, DDP replicas, plain tensors): the other ranks read nothing.
+        # Whole weights and optimizer state by name (ZeRO-1/2's layout, or a DCP checkpoint laid out
+        # otherwise), read on rank 0 alone and placed on every rank as this engine's parameters are
+        # (FSDP2 DTensors, DDP replicas, plain tensors): the other ranks read nothing.
         shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}
         read = read_on_rank0(lambda: (read_weights(directory), read_optimizer_state(directory, shapes)))
         self._checkpoint.load_logical(*(read or ({}, {})))
