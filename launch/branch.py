@@ -1,6 +1,4 @@
-"""`python -m launch.branch`: many token budgets from one warmup-stable-decay run, as cooldown branches
-(the command's arguments; its plan and checks are `launch.branch_plan`, imported once they are read, so
-that `--help` and a usage error answer before torch is imported).
+"""`python -m launch.branch`: many token budgets from one warmup-stable-decay run, as cooldown branches.
 
     python -m launch.branch --parent runs/s2-wsd --budgets 48 96 192 384 [--decay-fraction 0.2 |
         --decay-steps N] [--decay-shape SHAPE] [--out DIR] [--nproc N] [--dry-run]
@@ -24,6 +22,9 @@ Everything that can be checked is checked before the plan is printed or a branch
 line, exit 2): the flags, the parent's config, each branch's config as its train.py will read it, the
 parent checkpoint each budget starts from (docs/running.md, "Schedules, and many token budgets from
 one run").
+
+This module reads the command's arguments; the plan and its checks are `launch.branch_plan`, imported
+once they are read, so that `--help` and a usage error answer before torch is imported.
 """
 
 from __future__ import annotations
