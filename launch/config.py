@@ -97,9 +97,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # e.g. `run.dir=2024` names a directory
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        hint = " (write the number without quotes)" if tp in (int, float) and isinstance(value, str) else ""
+        hint = " (write the number without quotes)" if tp in (int, float) and _is_number(value) else ""
         raise ConfigError(f"config key '{key}' must be {tp.__name__}, got {type(value).__name__} {value!r}{hint}")
     return value
+
+
+def _is_number(value: Any) -> bool:
+    """Whether `value` is a number written as a string (a quoted `'5'`), not a word."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:

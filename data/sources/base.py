@@ -26,6 +26,8 @@ class Source:
     kinds: tuple[str, ...] = ()  # the `Piece.kind`s whose rows `read_rows` reads
     text = True  # documents are text, tokenised as they are read (False: token ids already)
     reads_hub = False  # its reads go through the Hub's retry policy (data/hub_http.py)
+    # The settings that choose its documents: what a corpus with none should check.
+    document_keys: tuple[str, ...] = ("data.data_files", "data.text_field")
 
     def claims(self, cfg: DataConfig) -> bool:
         """Whether `cfg.source` names this source."""

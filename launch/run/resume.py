@@ -48,7 +48,9 @@ QUIET = (
 # end of the LR schedule, so the resumed steps get other LRs than the checkpoint's run would have.
 HARMLESS = (*QUIET, "config.train.max_steps")
 # What a cooldown branch (launch/branch.py) changes of the run it starts from: its budget and its cooldown.
-BRANCH_KEYS = tuple(f"config.{k}" for k in ("train.max_steps", "optim.decay_steps", "optim.decay_fraction"))
+BRANCH_KEYS = tuple(
+    f"config.{k}" for k in ("train.max_steps", "optim.decay_steps", "optim.decay_fraction", "optim.decay_shape")
+)
 
 
 def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from launch.evaluation.downstream import (
     summary_line,
 )
 from launch.evaluation.offline import main
-from launch.export import export_hf
+from launch.hf_export import export_hf
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT
 from models.presets import get_preset
