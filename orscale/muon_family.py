@@ -330,7 +330,9 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         (orscale.muon_passes), which also leaves ‖M̂‖ and ‖G‖ of the local tensors in `w.norms`."""
         g = w.group
         bufs = self._local_momenta(w)
-        lazy = w.variant.calibration == "lazy" and g["lr"] > 0  # needs ‖G‖: the "has a gradient" test
+        # ‖G‖ is lazy calibration's "has a gradient" test (read at lr > 0 steps only; asked at every
+        # step so that an lr of 0 does not give the compiled pass a graph of its own)
+        lazy = w.variant.calibration == "lazy"
         m_hats, w.norms = momentum_pass(
             bufs, self._local_grads(w), g["momentum"], g["nesterov"], True, lazy, self._compiled(w)
         )
