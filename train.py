@@ -15,6 +15,10 @@ if __name__ == "__main__":
 
     die_with_parent()
 
+    from launch.train_args import parse_args
+
+    parse_args(sys.argv[1:])  # --help and a usage error before torch is imported (seconds)
+
     from launch.loop import main
 
     sys.exit(main())

@@ -59,7 +59,10 @@ def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple
                 idx = np.arange(n_windows)[:, None] * T + np.arange(T + 1)[None, :]
                 return torch.from_numpy(stream[idx]), boundary
     if have == 0:
-        raise DataError(f"the corpus has no documents ({docs.describe()}); check data.data_files and data.text_field")
+        keys = source_of(cfg).document_keys
+        check = " and ".join([", ".join(keys[:-1]), keys[-1]] if len(keys) > 1 else keys)
+        described = ", ".join(f"{key}={value}" for key, value in docs.describe().items())
+        raise DataError(f"the corpus has no documents ({described}); check {check}")
     raise DataError(
         f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
         "plus training data; lower data.val_tokens or add data"

@@ -150,9 +150,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # e.g. `run.dir=2024` names a directory
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        hint = " (write the number without quotes)" if tp in (int, float) and isinstance(value, str) else ""
+        hint = " (write the number without quotes)" if tp in (int, float) and _is_number(value) else ""
         raise ConfigError(f"config key '{key}' must be {tp.__name__}, got {type(value).__name__} {value!r}{hint}")
     return value
+
+
+def _is_number(value: Any) -> bool:
+    """Whether `value` is a number written as a string (a quoted `'5'`), not a word."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str, parts: dict[type, list[type[Any]]]) -> Any:
@@ -266,7 +275,8 @@ def _unread(cfg: Config, tree: dict[str, Any], read: set[str]) -> list[str]:
     lines = []
     for parent, options in component_options().items():
         name = section_name(parent)
-        given = tree.get(name) if isinstance(tree.get(name), dict) else {}
+        section = tree.get(name)
+        given = section if isinstance(section, dict) else {}
         for o in options:
             key = f"{name}.{o.section}"
             if o.section not in given or key in read or getattr(cfg, name).sections[o.section] == o():

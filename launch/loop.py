@@ -4,7 +4,6 @@ step, the loop features' hooks, save (`launch.trainer`) — and `main(argv)`, th
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from pathlib import Path
@@ -19,17 +18,9 @@ from launch.run.build import RunComplete, build_trainer
 from launch.runtime.console import report_failure, report_user_error, setup_logging
 from launch.runtime.hangs import COMM_FAILURE_EXIT, CommFailure, comm_failure
 from launch.runtime.process_group import shutdown
+from launch.train_args import parse_args
 
 log = logging.getLogger("orscale")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="train.py", description="Train the paper's GPT.")
-    parser.add_argument("--config", default=None, help="YAML config file (e.g. configs/tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=orscale_lm")
-    # The DeepSpeed launcher passes --local_rank; LOCAL_RANK in the environment says the same.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
 
 
 def train(plan: Plan) -> dict:

@@ -90,3 +90,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: tree}
+
+
+def as_overrides(keys: dict[str, Any]) -> list[str]:
+    """`key=value` overrides of dotted `keys` (None as YAML's null)."""
+    return [f"{key}={'null' if value is None else value}" for key, value in keys.items()]

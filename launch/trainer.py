@@ -61,7 +61,7 @@ class Trainer:
     grad_norm: Any = math.nan
     last_train_loss: float = math.nan
     last_val: tuple[float, int | None] = (math.nan, None)  # (loss, step) of this launch's last validation
-    stopped: bool = False  # by a signal (or a reader that failed on a later step)
+    stopped: str = ""  # why the loop stopped before train.max_steps: "by a signal", "on a failed data read"
     _closed: bool = field(default=False, repr=False)
 
     def fit(self) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class Trainer:
         self.each("finish")
         last_val, step = self.last_val, self.state.step
         val = f"{last_val[0]:.4f} (step {last_val[1]})" if last_val[1] is not None else "not evaluated in this launch"
-        how = "stopped by a signal" if self.stopped else "done"
+        how = f"stopped {self.stopped}" if self.stopped else "done"
         log.info("%s at step %d: last train loss %.4f, last val loss %s", how, step, self.last_train_loss, val)
         return {"step": step, "last_train_loss": self.last_train_loss, "val_loss": last_val[0]}
 

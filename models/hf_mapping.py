@@ -4,7 +4,7 @@ Arcee is the stock transformers architecture that matches the paper's GPT exactl
 Llama-style decoder, RMSNorm, rotate-half RoPE, non-gated ReLU² MLP, no biases. So an exported
 directory loads with `AutoModelForCausalLM` offline, without remote code. This module maps configs
 and parameter names only; reading checkpoints, tokenizers and writing directories is
-`launch/export.py`'s job (`python -m launch.export`).
+`launch/hf_export.py`'s job (`python -m launch.export`).
 """
 
 from __future__ import annotations

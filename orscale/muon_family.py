@@ -40,7 +40,7 @@ from orscale.calibration import calibrate, ratio_terms, trust_ratio
 from orscale.diagnostics import CLIP_COUNTS, CUM_FIELDS, DiagnosticsMixin
 from orscale.muon_passes import apply_pass, momentum_pass, update_norms_pass
 from orscale.newton_schulz import NS_KERNELS, newton_schulz_many, ns_schedule, resolve_ns_dtype
-from orscale.optim_common import ParamsT, TensorList, call_closure, copy_state, grad_of
+from orscale.optim_common import ParamsT, TensorList, call_closure, check_number, copy_state, grad_of
 from orscale.variants import MOONLIGHT_FACTOR, Variant, get_variant
 
 # Columns of the per-step sums tensor [n_matrices, N_COLS]. Each entry is a sum over the
@@ -76,6 +76,16 @@ def shape_factor(shape_choice: str, p: Tensor) -> float:
 
 def _variant(group: dict[str, Any]) -> Variant:
     return Variant(group["shape"], group["denominator"], group["decay"], group["calibration"])
+
+
+def _check_numbers(group: dict[str, Any]) -> None:
+    """The group's hyper-parameters, each a finite number in its range (one line where not)."""
+    check_number("lr", group["lr"])
+    check_number("weight_decay", group["weight_decay"])
+    check_number("momentum", group["momentum"], lambda x: 0 <= x < 1, "in [0, 1)")
+    check_number("r_min", group["r_min"], lambda x: x > 0, "> 0")
+    check_number("r_max", group["r_max"], lambda x: x >= group["r_min"], f"≥ r_min ({group['r_min']})")
+    check_number("eps", group["eps"], lambda x: x > 0, "> 0")
 
 
 class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
@@ -120,14 +130,6 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     ) -> None:
         base = get_variant(variant) if isinstance(variant, str) else variant
         v = base.replace(shape=shape, denominator=denominator, decay=decay, calibration=calibration)
-        if lr < 0 or weight_decay < 0:
-            raise ValueError(f"lr ({lr}) and weight_decay ({weight_decay}) must be >= 0")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if not 0 < r_min <= r_max:
-            raise ValueError(f"need 0 < r_min <= r_max, got r_min={r_min}, r_max={r_max}")
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
         ns_schedule(ns_coefficients, ns_steps)  # validates both
         if ns_dtype != "auto":
             resolve_ns_dtype(ns_dtype)
@@ -173,6 +175,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             _variant(group)  # validates per-group overrides of the choices
+            _check_numbers(group)
             for name, p in zip(self._names(len(self.param_groups) - 1, group), group["params"], strict=True):
                 if p.ndim < 2:
                     raise ValueError(
@@ -305,6 +308,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             pos = [i for i, p in enumerate(group["params"]) if p.grad is not None]
             if not pos:
                 continue
+            if not group["lr"] >= 0:  # NaN too, which would skip every update (a comparison: no graph break)
+                raise ValueError(f"param group {gi}'s lr must be a number ≥ 0, got {group['lr']!r}")
             ps = [group["params"][i] for i in pos]
             for i, p in zip(pos, ps, strict=True):
                 if grad_of(p).is_sparse:
@@ -330,7 +335,9 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         (orscale.muon_passes), which also leaves ‖M̂‖ and ‖G‖ of the local tensors in `w.norms`."""
         g = w.group
         bufs = self._local_momenta(w)
-        lazy = w.variant.calibration == "lazy" and g["lr"] > 0  # needs ‖G‖: the "has a gradient" test
+        # ‖G‖ is lazy calibration's "has a gradient" test (read at lr > 0 steps only; asked at every
+        # step so that an lr of 0 does not give the compiled pass a graph of its own)
+        lazy = w.variant.calibration == "lazy"
         m_hats, w.norms = momentum_pass(
             bufs, self._local_grads(w), g["momentum"], g["nesterov"], True, lazy, self._compiled(w)
         )

@@ -1,8 +1,10 @@
-"""Pieces every optimizer in ``orscale`` shares: the params type, the closure call, what a copy of
-an optimizer carries, and the per-tensor sums of squares that each step's single all-reduce carries."""
+"""Pieces every optimizer in ``orscale`` shares: the params type, the check of a hyper-parameter, the
+closure call, what a copy of an optimizer carries, and the per-tensor sums of squares that each step's
+single all-reduce carries."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,6 +14,18 @@ from torch import Tensor
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
 # What torch._foreach_* take and return (their outputs are tuples).
 TensorList = list[Tensor] | tuple[Tensor, ...]
+
+
+def check_number(
+    name: str, value: object, holds: Callable[[float], bool] = lambda x: x >= 0, bound: str = "≥ 0"
+) -> None:
+    """Raise, in one line, unless `value` is a finite Python number (not a bool) for which `holds` is
+    true; `bound` says that condition in words ("≥ 0", "in [0, 1)")."""
+    said = f"{name} must be a finite number {bound}, got {value!r} ({type(value).__name__})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(said)
+    if not (math.isfinite(value) and holds(value)):
+        raise ValueError(said)
 
 
 def grad_of(p: Tensor) -> Tensor:

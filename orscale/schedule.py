@@ -149,11 +149,19 @@ def _fits_any_run(optim: OptimConfig, total: int) -> None:
 
 @dataclass(frozen=True)
 class Cooldown:
-    """A schedule whose runs of every length agree up to their cooldown (launch/branch): `length` of a
-    run of `total` steps, and `keys(decay)`, the overrides that give a run a cooldown of `decay` steps."""
+    """A schedule whose runs of every length agree up to their cooldown (launch/branch): its `length` in a
+    run of `total` steps, the sub-section whose keys shape it (`section`), and `keys(steps, fraction,
+    shape)`, the settings of a cooldown over `steps` steps or else `fraction` of a run (None, None: 0.2
+    of it), of `shape` (None: as it was)."""
 
     length: Callable[[OptimConfig, int], int]
-    keys: Callable[[int], dict[str, Any]]
+    section: str
+    keys: Callable[[int | None, float | None, str | None], dict[str, Any]]
+
+
+def _wsd_keys(steps: int | None, fraction: float | None, shape: str | None) -> dict[str, Any]:
+    keys: dict[str, Any] = {"optim.wsd.decay_steps": steps, "optim.wsd.decay_fraction": fraction}
+    return {**keys, "optim.wsd.decay_shape": shape} if shape is not None else keys
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ WSD = Schedule(
     _wsd,
     _wsd_fits,
     (WSDOptions,),
-    Cooldown(decay_steps, lambda decay: {"optim.wsd.decay_steps": decay, "optim.wsd.decay_fraction": None}),
+    Cooldown(decay_steps, "optim.wsd", _wsd_keys),
 )
 CONSTANT = Schedule(_constant)
 

@@ -27,6 +27,8 @@ class Source:
     text = True  # documents are text, tokenised as they are read (False: token ids already)
     reads_hub = False  # its reads go through the Hub's retry policy (data/hub_http.py)
     options: tuple[type[Any], ...] = ()  # the options classes of its own `data.<section>`s
+    # The settings that choose its documents: what a corpus with none should check.
+    document_keys: tuple[str, ...] = ("data.data_files", "data.text_field")
 
     def claims(self, cfg: DataConfig) -> bool:
         """Whether `cfg.source` names this source."""

@@ -98,6 +98,7 @@ def _documents(piece: Piece) -> Iterator[str]:
 class TextFiles(Source):
     names = ("text",)
     kinds = ("text",)
+    document_keys = ("data.data_files",)  # a document is a run of lines: no field to name
 
     def check(self, cfg: DataConfig) -> None:
         if not cfg.data_files:

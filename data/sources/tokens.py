@@ -24,6 +24,7 @@ def holds_shards(cfg: DataConfig) -> bool:
 class TokenShards(Source):
     names = ("tokens",)
     text = False
+    document_keys = ("data.data_files",)
 
     def claims(self, cfg: DataConfig) -> bool:
         return cfg.source == "tokens" or (cfg.source == "auto" and len(cfg.data_files) == 1 and holds_shards(cfg))

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from launch.checkpoint.dcp_safe import dcp_load, load_metadata
 from launch.runtime.process_group import rank0_decides
@@ -62,14 +62,26 @@ def check_checkpoint_layout(path: Path) -> dict[str, Any]:
     return {"kind": kind, **meta}
 
 
+def _dcp_metadata(path: Path) -> Metadata:
+    with open(path / "dcp" / ".metadata", "rb") as fh:
+        return load_metadata(fh)
+
+
+def dcp_stores_whole(path: Path) -> bool:
+    """Whether the DCP checkpoint at `path` holds each of the model's tensors in one piece (written by
+    one process or by DDP), rather than cut into shards (FSDP2): its metadata alone, no tensor read."""
+    entries = _dcp_metadata(path).state_dict_metadata.items()
+    return all(
+        len(md.chunks) == 1 for key, md in entries if key.startswith(MODEL) and isinstance(md, TensorStorageMetadata)
+    )
+
+
 def _dcp_tensors(path: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
     """Every entry of a DCP checkpoint under `prefixes`, read whole by this process alone (tensors
     as the full logical tensor, whatever sharding wrote it; non-tensor entries as the values they
     hold). No collective: every rank that calls it reads every byte."""
-    with open(path / "dcp" / ".metadata", "rb") as fh:
-        metadata = load_metadata(fh)
     template: dict[str, Any] = {}
-    for key, md in metadata.state_dict_metadata.items():
+    for key, md in _dcp_metadata(path).state_dict_metadata.items():
         if key.startswith(prefixes):
             if isinstance(md, TensorStorageMetadata):
                 template[key] = torch.zeros(md.size, dtype=md.properties.dtype, device="cpu")

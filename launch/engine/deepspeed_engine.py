@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch.profiler import record_function
 
 from launch.backends import ZeroBackend, backend_for, names_of
@@ -37,6 +36,7 @@ from orscale.distributed.zero_checkpoint import (
     LogicalState,
     load_zero_state,
     names_read_whole,
+    save_tensors,
     stage_zero_state,
     write_zero_state,
 )
@@ -221,7 +221,7 @@ class DeepSpeedEngine(Engine):
         def write() -> None:
             write_zero_state(state, directory / TAG / f"rank{self.env.rank}.safetensors")
             if self.env.is_main:
-                save_file(weights, str(directory / "model.safetensors"))
+                save_tensors(weights, directory / "model.safetensors")
                 (directory / TAG / META).write_text(json.dumps(meta, indent=1))
             # No barrier here: the checkpointer agrees across ranks after every part has been written
             # (a rank whose write failed must not leave the others waiting in a barrier).

@@ -17,7 +17,13 @@ from torch.profiler import record_function
 
 from launch.backends import backend_for
 from launch.checkpoint.dcp_state import ModelAndOptimizers
-from launch.checkpoint.portable import checkpoint_kind, read_on_rank0, read_optimizer_state, read_weights
+from launch.checkpoint.portable import (
+    checkpoint_kind,
+    dcp_stores_whole,
+    read_on_rank0,
+    read_optimizer_state,
+    read_weights,
+)
 from launch.engine.base import Engine
 from launch.engine.parallelize import build_model, drops_gradients, no_sync
 from launch.errors import ConfigError
@@ -37,6 +43,7 @@ class TorchEngine(Engine):
         env, backend = self.env, backend_for(parallel.backend)
         if backend.optimizer_placement is None:  # a backend with a client optimizer of its own (ZeRO)
             raise ConfigError(f"TorchEngine cannot run parallel.backend={backend.name}; use its own engine")
+        self._shards = backend.shards_parameters
         self._model = build_model(model_cfg, parallel, train.seed, env, self.dtype)
         self.module = backend.wrap(self._model, env)
         self.optimizers = build_optimizers(
@@ -86,8 +93,8 @@ class TorchEngine(Engine):
         return self._checkpoint.stage(directory, group)
 
     def load(self, directory: Path) -> None:
-        if checkpoint_kind(directory) == "dcp":
-            self._checkpoint.load(directory)
+        if checkpoint_kind(directory) == "dcp" and not self._laid_out_otherwise(directory):
+            self._checkpoint.load(directory)  # DCP's own load: each rank reads what it keeps
         else:
             self._load_logical(directory)
         for opt in self.optimizers:  # a loaded AdamW keeps its saved fused/foreach flags: this run's win
@@ -97,9 +104,19 @@ class TorchEngine(Engine):
                     group.update(fused=impl.get("fused"), foreach=impl.get("foreach"))
             place_loaded_state(opt)  # torch's rule with this run's flags (fused: step on p's device)
 
+    def _laid_out_otherwise(self, directory: Path) -> bool:
+        """Whether the DCP checkpoint holds its tensors otherwise than this run's ranks do, so that DCP's
+        own load would have every rank read all of it: shards (FSDP2) into DDP replicas, or whole tensors
+        (one process, DDP) into FSDP2 shards. DDP from whole tensors keeps DCP's own load, in which every
+        rank reads every tensor (its replica)."""
+        if self.env.world_size == 1:
+            return False
+        return dcp_stores_whole(directory) == self._shards
+
     def _load_logical(self, directory: Path) -> None:
-        # Written by ZeRO-1/2: whole weights and optimizer state by name, read on rank 0 alone and
-        # placed on every rank as this engine's parameters are (FSDP2 DTensors, DDP replicas, plain tensors).
+        # Whole weights and optimizer state by name (ZeRO-1/2's layout, or a DCP checkpoint laid out
+        # otherwise), read on rank 0 alone and placed on every rank as this engine's parameters are
+        # (FSDP2 DTensors, DDP replicas, plain tensors): the other ranks read nothing.
         shapes = {canonical_name(n): p.shape for n, p in self._model.named_parameters()}
         read = read_on_rank0(lambda: (read_weights(directory), read_optimizer_state(directory, shapes)))
         self._checkpoint.load_logical(*(read or ({}, {})))

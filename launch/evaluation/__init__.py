@@ -1,7 +1,3 @@
-"""Evaluation of a live model (validation loss, downstream tasks) and of a checkpoint or an HF export
-(`python -m launch.evaluation`; docs/evaluation.md)."""
-
-from launch.evaluation.downstream import eval_metrics, score_tasks, summary_line
-from launch.evaluation.validation import validation_loss
-
-__all__ = ["eval_metrics", "score_tasks", "summary_line", "validation_loss"]
+"""Evaluation of a live model (validation loss: `validation`; downstream tasks: `downstream`) and of a
+checkpoint or an HF export (`python -m launch.evaluation`: `offline`; docs/evaluation.md). Nothing is
+imported here, so that the command reads its arguments before torch is imported."""

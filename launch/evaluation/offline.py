@@ -31,11 +31,12 @@ from evals.scoring import LogProbFn
 from evals.task_data import package_root
 from launch.errors import USER_ERRORS, UserError
 from launch.evaluation.downstream import Encode, forwards_per_rank, native_logprobs, prepare_tasks, score_prepared
+from launch.evaluation.offline_args import parse_args
 from launch.run.provenance import git_commit
 from launch.run.run_dir import strict_json
 from launch.runtime.process_group import DistEnv
 
-__all__ = ["LoadedModel", "default_out", "load_hf", "load_native", "main", "write_new_json"]
+__all__ = ["LoadedModel", "default_out", "load_hf", "load_native", "main", "run", "write_new_json"]
 
 
 @dataclass
@@ -169,23 +170,6 @@ def _examples(results: list[DocResult]) -> list[dict[str, Any]]:
     return [{k: getattr(r, k) for k in keys} for r in sorted(results, key=lambda r: r.doc_id)]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m launch.evaluation", description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=Path, help="step directory, checkpoints root or run directory")
-    source.add_argument("--hf", type=Path, help="an HF model directory (e.g. from python -m launch.export)")
-    parser.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help=f"of: {', '.join(TASK_NAMES)}")
-    parser.add_argument("--shots", type=int, default=0, help="0 or 5 (OLMES rc_0shot / rc_5shot)")
-    parser.add_argument("--max-examples", type=int, default=0, help="per task; 0 = all (fixed-seed subsample)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences (choices) per forward")
-    parser.add_argument("--max-len", type=int, default=None, help="default: data.seq_len, or the HF context")
-    parser.add_argument("--out", type=Path, default=None, help="results JSON (default: see the module docs)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    return parser.parse_args(argv)
-
-
 def _locate(args: argparse.Namespace) -> tuple[Path | None, dict[str, Any]]:
     """The checkpoint and its meta (cheap: before any weights are read), or (None, {}) for --hf."""
     from launch.checkpoint.inspection import read_meta, require_checkpoint
@@ -249,7 +233,13 @@ def evaluate_checkpoint(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """`python -m launch.evaluation ARGV`."""
+    return run(parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command with its arguments read (launch.evaluation.offline_args): 0, or 2 after printing a
+    user error's one line."""
     try:
         out = evaluate_checkpoint(args)
     except USER_ERRORS as err:

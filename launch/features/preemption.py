@@ -1,5 +1,6 @@
 """SIGTERM/SIGINT (preemption, Ctrl-C): every rank stops at the same step, one step after the signal,
-with a checkpoint, and the run exits 0 (launch/runtime/preemption.py's StopFlag agrees on it)."""
+with a checkpoint, and the run exits 0 (launch/runtime/preemption.py's StopFlag agrees on it); a data
+reader that failed on a step it read ahead stops every rank the same way (launch/features/reader_failure.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from launch.features.base import Feature
-from launch.runtime.preemption import StopFlag
+from launch.runtime.preemption import Stop, StopFlag
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer
@@ -20,6 +21,7 @@ class Preemption(Feature):
     reader-failure feature agrees on a failed read on the same group (`flag`)."""
 
     _flag: StopFlag | None = None
+    _stop: Stop | None = None
 
     def start(self, trainer: Trainer) -> None:
         self._flag = StopFlag(trainer.env)  # collective: the gloo group
@@ -31,11 +33,20 @@ class Preemption(Feature):
         return self._flag
 
     def should_stop(self, trainer: Trainer, step: int) -> bool:
-        if not self.flag.agreed():
+        self._stop = self.flag.agreed()
+        if self._stop is None:
             return False
-        log.warning("stop signal: saving a checkpoint at step %d and exiting", step)
+        if self._stop.signal:
+            log.warning("stop signal: saving a checkpoint at step %d and exiting", step)
+        else:
+            log.warning(
+                "the data reader of rank %d failed on a step it read ahead: saving a checkpoint at step %d and exiting",
+                self._stop.failed_reader,
+                step,
+            )
         return True
 
     def finish(self, trainer: Trainer) -> None:
         self.flag.restore()
-        trainer.stopped = self.flag.raised
+        if self._stop is not None:
+            trainer.stopped = "by a signal" if self._stop.signal else "on a failed data read"

@@ -1,6 +1,7 @@
 """A data read that failed (e.g. a Hub read that failed after its retries): every rank learns of it
 before the step's collectives, keeps what it trained (a checkpoint), then the run stops with the
-read's one line; a reader that fails on a later step (read ahead) stops the run as a signal does."""
+read's one line; a reader that fails on a later step (read ahead) stops every rank as a signal does,
+saying so."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class ReaderFailure(Feature):
 
     def end_step(self, trainer: Trainer, step: int) -> None:
         if trainer.loader.failure is not None:  # the reader failed on a later step: every rank stops here and saves
-            trainer.feature(Preemption).flag.raised = True
+            trainer.feature(Preemption).flag.reader_failed = True
 
     def finish(self, trainer: Trainer) -> None:
         if trainer.loader.failure is not None and trainer.state.step < self.cfg.train.max_steps:

@@ -26,10 +26,24 @@ def _die_with_parent() -> None:
     ask_for_death_signal()
 
 
+def _asks_for_help(argv: list[str]) -> bool:
+    """`-h`/`--help` among the launcher's own arguments (before the training script and its arguments)."""
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return True
+        if not arg.startswith("-"):
+            return False
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if _asks_for_help(argv):  # answered here: torchrun's own help would import torch first (seconds)
+        print(f"usage: python -m launch.launcher [torchrun's arguments] SCRIPT [ARGS ...]\n\n{__doc__.strip()}")
+        print("\ntorchrun's arguments: python -m torch.distributed.run --help")
+        return 0
     import psutil
 
-    argv = sys.argv[1:] if argv is None else argv
     # torchrun handles SIGHUP/SIGQUIT as usual but leaves SIGTERM/SIGINT alone (ignored, see above).
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.launcher.torchrun", "--signals-to-handle=SIGHUP,SIGQUIT", *argv],

@@ -143,8 +143,8 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], bran
     if branch_start is not None and cooldown is not None:
         log.info(_describe_branch(branch_start, old, current["config"], cooldown))
         # what a cooldown branch (launch/branch.py) changes of its parent: its budget and its cooldown
-        own = {"config.train.max_steps", *(f"config.{key}" for key in cooldown.keys(1))}
-        routine = [k for k in routine if k not in own]
+        own = f"config.{cooldown.section}."
+        routine = [k for k in routine if k != "config.train.max_steps" and not k.startswith(own)]
     if routine:
         log.warning(
             "resuming with changed settings: %s", ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in routine)

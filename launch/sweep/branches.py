@@ -2,12 +2,12 @@
 rule every branch follows (`cooldown`, shared with the one-run command `python -m launch.branch`).
 
     scales:
-      - {label: s2-wsd, model.n_layer: 3, ..., train.max_steps: 768, optim.schedule: wsd, optim.decay_fraction: 0.2}
+      - {label: s2-wsd, model.n_layer: 3, ..., train.max_steps: 768, optim.schedule: wsd, optim.wsd.decay_fraction: 0.2}
       - {label: s2-wsd-192, branch_of: s2-wsd, train.max_steps: 192}    # a budget: a branch of each s2-wsd cell
 
 Each cell of a branch scale is a cooldown branch (as launch/branch.py makes them) of the parent scale's cell with the
 same optimizer, point and seed: the parent's overrides, then the branch scale's own (its budget,
-`train.max_steps`), its cooldown over the parent's share of it (`optim.decay_steps`), and `run.init_from`
+`train.max_steps`), its cooldown over the parent's share of it (`optim.wsd.decay_steps`), and `run.init_from`
 the parent cell's checkpoint at that cooldown's first step. The parent scale gets `train.ckpt_at` (its
 branches' first cooldown steps) and `run.keep_checkpoints=0` added, and must run `optim.schedule=wsd`.
 A branch runs once its parent has written that checkpoint (re-run the sweep: it is planned then), and
@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.sweep.cells import Cell, CellGroup, Sweep
+from launch.config import read_config
+from launch.nested import as_overrides
+from launch.sweep.cells import ROOT, Cell, CellGroup, Sweep
 from launch.sweep.spec_values import fail
-from orscale.schedule import WSDOptions
+from orscale.optim_config import OptimConfig
+from orscale.registry import SCHEDULES, schedule_of
+from orscale.schedule import Cooldown
 from records.points import Point, point
 
 
@@ -28,17 +32,24 @@ def _parent(sweep: Sweep, g: CellGroup) -> CellGroup:
     return next(p for p in sweep.groups if p.scale == g.branch_of and p.optim == g.optim)
 
 
-def cooldown(budget: int, fraction: float | None, steps: int | None) -> tuple[int, int]:
-    """(decay steps, first cooldown step) of a wsd run of `budget` steps that cools down over `steps`
-    steps, or else over `fraction` of itself (orscale.schedule.decay_steps): a cooldown branch of that
-    budget leaves the run it branches from at its first cooldown step (docs/running.md)."""
-    decay = WSDOptions(decay_fraction=fraction, decay_steps=steps).length(budget)
-    return decay, budget - decay
+def _optim(cell: Cell) -> OptimConfig:
+    """The `optim:` section of `cell`'s config, as its train.py reads it."""
+    return read_config(str(ROOT / cell.base), cell.overrides).optim
+
+
+def _schedule_cooldown(cell: Cell) -> Cooldown | None:
+    return schedule_of(_optim(cell).schedule).cooldown
 
 
 def _cooldown(parent_cell: Cell, budget: int) -> tuple[int, int]:
-    """`cooldown` of a branch of `budget` steps of `parent_cell`: the parent's cooldown share."""
-    return cooldown(budget, parent_cell.value("optim.decay_fraction"), parent_cell.value("optim.decay_steps"))
+    """(decay steps, first cooldown step) of a branch of `budget` steps of `parent_cell`: the parent's
+    cooldown share of it; a branch leaves the run it branches from at its first cooldown step
+    (docs/running.md)."""
+    optim = _optim(parent_cell)
+    cooldown = schedule_of(optim.schedule).cooldown
+    assert cooldown is not None, "attach_branches refused a parent without a cooldown"
+    decay = cooldown.length(optim, budget)
+    return decay, budget - decay
 
 
 def attach_branches(sweep: Sweep) -> None:
@@ -55,8 +66,12 @@ def attach_branches(sweep: Sweep) -> None:
         if g.lr_from is not None:
             fail(f"{where}: a branch takes its parent's points; drop lr_from")
         probe = parent.cell(point(1.0), 0)
-        if probe.value("optim.schedule", "cosine") != "wsd":
-            fail(f"{where}: its parent '{g.branch_of}' must run optim.schedule: wsd (a cosine run has no stable phase)")
+        if _schedule_cooldown(probe) is None:
+            with_one = " or ".join(name for name, s in SCHEDULES.items() if s.cooldown is not None)
+            fail(
+                f"{where}: its parent '{g.branch_of}' must run optim.schedule: {with_one} (a run of "
+                f"optim.schedule={_optim(probe).schedule} has no stable phase)"
+            )
         budget = _budget(g)
         decay, first = _cooldown(probe, budget)
         total = int(probe.value("train.max_steps"))
@@ -95,6 +110,8 @@ def branch_cell(sweep: Sweep, g: CellGroup, p: Point, seed: int) -> Cell | str:
     if not (start / "meta.json").is_file():
         return f"{g.id}: waits for {parent.id}'s checkpoint at step {first}"
     cell = g.cell(p, seed)
-    branch = [f"optim.decay_steps={decay}", "optim.decay_fraction=null", f"run.init_from={Path(start)}"]
+    cooldown = _schedule_cooldown(parent)
+    assert cooldown is not None, "attach_branches refused a parent without a cooldown"
+    branch = [*as_overrides(cooldown.keys(decay, None, None)), f"run.init_from={Path(start)}"]
     cell.overrides = [*cell.overrides[:-1], *branch, cell.overrides[-1]]  # run.dir stays last
     return cell

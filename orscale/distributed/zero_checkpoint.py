@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -88,7 +89,25 @@ def stage_zero_state(
 def write_zero_state(staged: tuple[dict[str, Tensor], dict[str, Any]], path: Path) -> None:
     """Write `stage_zero_state`'s copies to `path` (safetensors; the numbers in its JSON metadata)."""
     tensors, numbers = staged
-    save_file(tensors, str(path), metadata={NUMBERS: json.dumps(numbers)})
+    save_tensors(tensors, path, metadata={NUMBERS: json.dumps(numbers)})
+
+
+def save_tensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, leaving `path` with the mode the umask gives a file written plainly (as
+    the rest of a checkpoint is): safetensors writes through a temporary file of mode 0600 and renames it."""
+    save_file(tensors, str(path), metadata=metadata)
+    path.chmod(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (Linux's /proc; elsewhere set and put back)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class _SavedState:

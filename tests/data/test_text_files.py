@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from data import DataError, build_catalog, iter_documents
+from data import DataError, build_catalog, build_val_set, iter_documents, open_documents
 from launch.loop import main as train_main
 from tests.conftest import data_config
 from tests.data.test_data import corpus_texts, loader_for
@@ -64,6 +64,18 @@ def test_a_file_without_blank_lines_is_one_document_and_bad_input_is_one_line(tm
     (tmp_path / "bad.txt").write_bytes(b"fine\n\nbad \xff\xfe bytes\n")
     with pytest.raises(DataError, match="is not UTF-8 in the document at byte 6"):
         list(iter_documents(data_config(source="text", data_files=[str(tmp_path / "bad.txt")])))
+
+
+def test_a_text_corpus_without_documents_names_its_own_setting(tmp_path, gpt2_tokenizer):
+    """Files of blank lines only: the one line names what chooses a text corpus's documents (its files;
+    a .txt file has no text field) and says what was read in words, not as a dict."""
+    (tmp_path / "blank.txt").write_text("\n\n   \n")
+    cfg = data_config(source="text", data_files=[str(tmp_path)], piece_bytes=4096)
+    with pytest.raises(DataError) as err:
+        build_val_set(cfg, open_documents(cfg, gpt2_tokenizer))
+    assert str(err.value) == (
+        "the corpus has no documents (source=text, files=1, pieces=1, piece_bytes=4096); check data.data_files"
+    )
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch import branch
+from launch import branch, branch_plan
 from tests.helpers import ROOT, SMALL, TINY, env, launch_cmd, measured_apart, train_in_pool, train_losses
 from tests.pool import rank_pool
 from tests.pool_jobs import train_runs
@@ -57,7 +57,7 @@ def parent(tmp_path_factory) -> Path:
 
 def test_a_branch_is_the_run_of_its_budget_and_leaves_the_parent_untouched(parent, tmp_path):
     before = _digest(parent)
-    plans = branch.plan_branches(parent, [12, 24], tmp_path / "branches", fraction=0.25)
+    plans = branch_plan.plan_branches(parent, [12, 24], tmp_path / "branches", fraction=0.25)
     assert [(b.budget, b.decay, b.start.name) for b in plans] == [(12, 3, "step_00000008"), (24, 6, "step_00000016")]
     argvs = [["--config", str(parent / "config.yaml"), *b.overrides()] for b in plans]
     (launch,) = rank_pool(1).run_raw(train_runs, argvs, group=False)
@@ -86,7 +86,7 @@ def test_a_branch_runs_under_other_backends(parent, tmp_path):
     """The one-process parent's checkpoint, branched under FSDP2 and under ZeRO-2 on 2 ranks: the run of
     its budget, within the backends' rounding (one process and 2 ranks differ by ~1e-7 themselves)."""
     backends = ("fsdp", "zero2")
-    plans = {b: branch.plan_branches(parent, [12], tmp_path / b, fraction=0.25)[0] for b in backends}
+    plans = {b: branch_plan.plan_branches(parent, [12], tmp_path / b, fraction=0.25)[0] for b in backends}
     argvs = [
         ["--config", str(parent / "config.yaml"), *p.overrides(), f"parallel.backend={b}"] for b, p in plans.items()
     ]
@@ -104,7 +104,7 @@ def test_a_killed_branch_resumes_from_its_own_checkpoint_bit_for_bit(parent, tmp
 
     # steps 17-32, killed once past its own checkpoint of step 20: 11 steps and 3 checkpoints before
     # its end, so that a kill cannot come after it (a 3-step margin lost that race once in CI)
-    (plan,) = branch.plan_branches(parent, [32], tmp_path / "branches", fraction=0.5)
+    (plan,) = branch_plan.plan_branches(parent, [32], tmp_path / "branches", fraction=0.5)
     assert (plan.start.name, plan.decay) == ("step_00000016", 16)
     cmd = launch_cmd(ROOT / "train.py", ["--config", str(parent / "config.yaml"), *plan.overrides()])
     proc = subprocess.Popen(
@@ -155,6 +155,35 @@ def test_the_command_plans_each_budget_and_refuses_in_one_line(parent, tmp_path,
     assert "cooldown branches need a wsd parent" in capsys.readouterr().err
 
 
+def test_overrides_may_follow_the_budgets_and_a_cooldown_longer_than_a_budget_says_so(parent, tmp_path, capsys):
+    """`--budgets 12 24 optim.r_max=1.1`: the override is every branch's (argparse alone read it as a
+    budget); a cooldown longer than its budget is named as such, in one line."""
+    argv = ["--parent", str(parent), "--budgets", "12", "24", "optim.r_max=1.1", "--out", str(tmp_path), "--dry-run"]
+    assert branch.main(argv) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "train.py" in line]
+    assert len(commands) == 2 and all(line.endswith(" optim.r_max=1.1") for line in commands), commands
+    assert branch.main(["--parent", str(parent), "--budgets", "12", "--decay-steps", "20", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "error: budget 12: its cooldown of 20 steps (--decay-steps) is longer than the budget; give a longer "
+        "budget or a shorter cooldown (--decay-steps / --decay-fraction)\n"
+    )
+
+
+def test_a_branch_with_a_cooldown_shape_of_its_own_trains_it_without_a_changed_settings_warning(parent, tmp_path):
+    """`--decay-shape 1-sqrt` on a linear parent: the branch's config has it, and its train.py says what
+    the branch is, not that a setting changed (the shape is the branch's own, as its length is)."""
+    (plan,) = branch_plan.plan_branches(parent, [12], tmp_path / "branches", fraction=0.25, shape="1-sqrt")
+    assert "optim.wsd.decay_shape=1-sqrt" in plan.overrides()
+    (launch,) = rank_pool(1).run_raw(
+        train_runs, [["--config", str(parent / "config.yaml"), *plan.overrides()]], group=False
+    )
+    assert launch.error is None, launch.log
+    assert f"a cooldown branch of {parent} from its step 8" in launch.log and "changed settings" not in launch.log
+    assert yaml.safe_load((plan.run_dir / "config.yaml").read_text())["optim"]["wsd"]["decay_shape"] == "1-sqrt"
+    assert sorted(train_losses(plan.run_dir)) == [9, 10, 11, 12]
+
+
 def _copy_of(parent: Path, to: Path, damage: str | None = None) -> Path:
     """The parent's config.yaml and step-8 checkpoint (what budget 12 reads), `damage` done to a copy."""
     shutil.copytree(parent / "checkpoints/step_00000008", to / "checkpoints/step_00000008")
@@ -183,10 +212,17 @@ def _copy_of(parent: Path, to: Path, damage: str | None = None) -> Path:
         (None, ["--nproc", "2", "parallel.backend=fsdp", "parallel.dp_replicate=4"], "divide the world size (2)"),
         (None, ["--decay-fraction", "1.5"], "--decay-fraction must be in (0, 1]"),
         (None, ["--decay-steps", "0"], "--decay-steps must be >= 1"),
+        (None, ["--decay-shape", "sqrt"], "--decay-shape must be one of linear, 1-sqrt, cosine, got 'sqrt'"),
+        (None, ["optim.decay_shape=cosine"], "optim.decay_shape=cosine: give the cooldown's shape with --decay-shape"),
+        (
+            None,
+            ["--budgets", "12x"],
+            "--budgets takes whole numbers of steps >= 1 (each branch's train.max_steps), got '12x'",
+        ),
     ],
     ids=[
         *("bad-yaml", "bad-meta", "truncated-shard", "typo", "cosine", "own-key", "nproc-0", "nproc-3"),
-        *("resolved-at-nproc", "frac", "steps"),
+        *("resolved-at-nproc", "frac", "steps", "shape", "shape-override", "budget-word"),
     ],
 )
 def test_a_mistake_is_one_line_before_any_plan_or_run(parent, tmp_path, capsys, damage, args, said):

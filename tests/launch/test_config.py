@@ -63,6 +63,18 @@ def test_bad_values_are_one_line_errors_naming_the_key(override, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_quoted_number_is_told_to_drop_its_quotes_and_a_word_is_not():
+    with pytest.raises(ConfigError) as quoted:
+        load_config(TINY, ["train.ckpt_every='50'"])
+    assert (
+        str(quoted.value) == "config key 'train.ckpt_every' must be int, got str '50' (write the number without quotes)"
+    )
+    for word in ("train.ckpt_every=abc", "optim.lr=fast"):
+        with pytest.raises(ConfigError) as err:
+            load_config(TINY, [word])
+        assert "quotes" not in str(err.value) and "got str" in str(err.value), word
+
+
 @pytest.mark.parametrize(
     "override, key, hint",
     [

@@ -28,7 +28,7 @@ from launch.evaluation.downstream import (
     summary_line,
 )
 from launch.evaluation.offline import main
-from launch.export import export_hf
+from launch.hf_export import export_hf
 from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT

@@ -17,10 +17,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may touch the network
 from launch.checkpoint import Checkpointer
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.config import to_dict
-from launch.export import ExportError, export_hf, main
+from launch.export import main
+from launch.hf_export import export_hf
 from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
 from models.gpt import GPT
+from models.hf_mapping import ExportError
 from models.presets import get_preset
 
 ROOT = Path(__file__).resolve().parents[2]

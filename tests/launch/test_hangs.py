@@ -275,6 +275,35 @@ def _rank_1s_reader_fails(argv: list[str], fail_at: int) -> dict:
     return {"error": None}
 
 
+def test_a_reader_that_fails_reading_ahead_stops_the_run_saying_so(tmp_path, monkeypatch, capfd):
+    """The reader fails on step 5's windows while the loop still trains the steps it read before: the
+    run saves and stops saying that the data reader failed (no signal was sent), then exits with the
+    read's one line."""
+    from data import DataError
+    from data.loader import PackedLoader
+    from launch.checkpoint import latest_checkpoint, read_meta
+    from launch.loop import main as train_main
+
+    produce, calls = PackedLoader._produce, [0]
+
+    def failing(self):
+        calls[0] += 1
+        if calls[0] >= 5:
+            raise DataError("stand-in: row group 3 of a.parquet could not be read after 5 attempts")
+        return produce(self)
+
+    monkeypatch.setattr(PackedLoader, "_produce", failing)
+    argv = ["--config", TINY, *SMALL, "optim.name=adamw", "train.max_steps=8", "train.eval_every=0"]
+    assert train_main([*argv, "train.ckpt_every=0", "data.prefetch_steps=2", f"run.dir={tmp_path}"]) == 2
+    err = capfd.readouterr().err
+    stops = [line for line in err.splitlines() if "saving a checkpoint at step" in line]
+    assert len(stops) == 1 and "the data reader of rank 0 failed on a step it read ahead" in stops[0], err[-3000:]
+    assert "signal" not in err, err[-3000:]
+    assert "error: stand-in: row group 3 of a.parquet could not be read after 5 attempts" in err
+    saved = read_meta(latest_checkpoint(tmp_path / "checkpoints"))["step"]
+    assert 1 <= saved <= 4 and f"saving a checkpoint at step {saved} " in stops[0]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_rank_whose_reader_fails_stops_every_rank_at_the_step_boundary_and_saves(tmp_path):
@@ -292,3 +321,22 @@ def test_a_rank_whose_reader_fails_stops_every_rank_at_the_step_boundary_and_sav
     assert rank0["error"] == f"rank 1 could not read step 3: {rank1['error']}"
     assert rank0["at"] - rank1["failed_at"] < 10, "rank 0 waited for rank 1 in a collective"  # 0.3 s here
     assert read_meta(latest_checkpoint(tmp_path / "checkpoints"))["step"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_whose_reader_fails_reading_ahead_is_named_by_rank_0(tmp_path):
+    """Rank 1's reader fails on step 5's windows while both ranks still train steps read before: they
+    stop together after saving, rank 0 saying whose reader failed (it holds no failure itself), rank 1
+    with the read's line."""
+    from launch.checkpoint import latest_checkpoint, read_meta
+    from tests.pool import rank_pool
+
+    argv = ["--config", TINY, *SMALL, "parallel.backend=ddp", "optim.name=adamw", "train.max_steps=8"]
+    argv += ["train.eval_every=0", "train.ckpt_every=0", "data.prefetch_steps=2", f"run.dir={tmp_path}"]
+    rank0, rank1 = rank_pool(2).run_results(_rank_1s_reader_fails, argv, 5)
+    assert rank0.value == {"error": None} and rank1.value["error"].startswith("stand-in: row group 3"), rank1.log
+    saved = read_meta(latest_checkpoint(tmp_path / "checkpoints"))["step"]
+    stop = f"the data reader of rank 1 failed on a step it read ahead: saving a checkpoint at step {saved} and exiting"
+    assert stop in rank0.log and "signal" not in rank0.log, rank0.log
+    assert f"stopped on a failed data read at step {saved}" in rank0.log, rank0.log

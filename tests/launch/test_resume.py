@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections import Counter
 from pathlib import Path
+from stat import S_IMODE
 
 import pytest
 import torch
@@ -189,6 +190,18 @@ def test_zero2_checkpoint_of_two_ranks_resumes_on_one_with_zero1(tmp_path, zero2
         assert loss == pytest.approx(straight[step], rel=1e-5), step
     c_straight, c_resumed = _calibration(zero2_straight), _calibration(run_dir)
     assert c_straight and c_resumed == pytest.approx(c_straight, rel=1e-6)
+
+
+@pytest.mark.distributed
+def test_every_file_of_a_zero_checkpoint_gets_the_umasks_mode(zero2_straight):
+    """safetensors writes through a temporary file (0600) renamed into place: the ZeRO files (each rank's
+    state, the weights) get the mode of the rest of the checkpoint, the one the umask gives."""
+    umask = os.umask(0)
+    os.umask(umask)
+    step = zero2_straight / "checkpoints/step_00000003"
+    modes = {str(p.relative_to(step)): oct(S_IMODE(p.stat().st_mode)) for p in step.rglob("*") if p.is_file()}
+    assert {"zero/rank0.safetensors", "zero/rank1.safetensors", "model.safetensors", "meta.json"} <= set(modes)
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
 
 
 def _calibration(run_dir: Path) -> dict[str, float]:

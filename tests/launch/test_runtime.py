@@ -71,21 +71,32 @@ def _failed(*exitcodes: int) -> ChildFailedError:
     return ChildFailedError("train.py", failures)
 
 
-def test_torchrun_stays_quiet_when_every_worker_stopped_on_a_user_error(monkeypatch):
+def _fails_as_torchrun_does(*exitcodes: int):
+    """A stand-in for torchrun's `run`: it ends the other worker (its "closing signal" line), says the
+    first failure (its "failed (exitcode: N)" line) and raises, as torch's elastic agent does."""
+
     def run(args):
-        raise _failed(elastic.USER_ERROR, elastic.USER_ERROR)
+        api = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        api.warning("Sending process %s closing signal %s", 1001, "SIGTERM")
+        api.error("failed (exitcode: %s) local_rank: 0 (pid: 1000) of binary: python", exitcodes[0])
+        raise _failed(*exitcodes)
 
-    monkeypatch.setattr(elastic, "run", run)
-    assert elastic.main(["--nproc_per_node=2", "train.py"]) == elastic.USER_ERROR
+    return run
 
 
-def test_a_worker_crash_keeps_torchruns_report(monkeypatch):
-    def run(args):
-        raise _failed(elastic.USER_ERROR, -9)  # one rank said why, the other was killed: a crash
+def test_torchrun_stays_quiet_when_every_worker_stopped_on_a_user_error(monkeypatch, caplog):
+    monkeypatch.setattr(elastic, "run", _fails_as_torchrun_does(elastic.USER_ERROR, elastic.USER_ERROR))
+    with caplog.at_level(logging.WARNING):
+        assert elastic.main(["--nproc_per_node=2", "train.py"]) == elastic.USER_ERROR
+    assert caplog.messages == []  # neither the failure's line nor the closing signal that came before it
 
-    monkeypatch.setattr(elastic, "run", run)
-    with pytest.raises(ChildFailedError):
+
+def test_a_worker_crash_keeps_torchruns_report(monkeypatch, caplog):
+    # one rank said why, the other was killed: a crash
+    monkeypatch.setattr(elastic, "run", _fails_as_torchrun_does(-9, elastic.USER_ERROR))
+    with caplog.at_level(logging.WARNING), pytest.raises(ChildFailedError):
         elastic.main(["--nproc_per_node=2", "train.py"])
+    assert [m.split(" ")[:2] for m in caplog.messages[:2]] == [["Sending", "process"], ["failed", "(exitcode:"]]
 
 
 def test_the_user_error_filter_drops_only_exit_status_2():

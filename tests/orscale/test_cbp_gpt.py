@@ -30,7 +30,7 @@ def test_trains_and_resumes_bit_exactly(tmp_path, optim):
 def test_a_centred_model_exports_with_its_mean_folded_into_a_bias(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from launch.export import export_hf
+    from launch.hf_export import export_hf
     from models import GPT, get_preset
 
     cfg = get_preset("tiny", n_layer=2, d_model=64, n_head=4, max_seq_len=64, center_mlp=True)

@@ -305,6 +305,31 @@ def test_compiled_step_has_no_graph_break() -> None:
         torch.testing.assert_close(p, q, msg=n)
 
 
+@pytest.mark.slow  # inductor compiles the step's C++ (about 40 s on a cold cache, one graph)
+def test_inductor_compiles_a_function_that_calls_step() -> None:
+    """torch.compile with its default backend (inductor) of a function calling step(): the Muon part's
+    passes are traced into the caller's graph (a custom operator that mutates a list and returns
+    tensors cannot be functionalised); three steps equal the eager optimizer's, up to rounding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 16))
+    twin = copy.deepcopy(model)
+    opt, ref = _opt(model, diagnostics=False), _opt(twin, diagnostics=False)
+    idx = torch.arange(6)
+    torch._dynamo.reset()
+    try:
+        step = torch.compile(lambda: opt.step())
+        for _ in range(3):
+            for m in (model, twin):
+                m.zero_grad()
+                m(idx).square().mean().backward()
+            step()
+            ref.step()
+    finally:
+        torch._dynamo.reset()
+    for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=n)
+
+
 def test_public_api_is_documented() -> None:
     """Every export of orscale is documented in its own words, and help(orscale.OrScaleLM) shows the call."""
     for name in orscale.__all__:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from orscale import MuonFamily, OptimConfig, build_optimizers
+from orscale import MuonFamily, OptimConfig, OrScaleLM, build_optimizers
 from orscale.muon_spec import MuonOptions
 from orscale.newton_schulz import newton_schulz
 from orscale.variants import VARIANTS as PRESETS
@@ -202,6 +202,38 @@ def test_diagnostics_off_gives_same_weights(name: str) -> None:
         off.step()
     assert all(torch.equal(p, q) for (_, p), (_, q) in zip(a, b, strict=True))
     assert off.diagnostics() == {} and on.diagnostics()
+
+
+BAD_NUMBERS = {  # id: (the constructor's keyword arguments, the error, what it says)
+    "lr-nan": (dict(lr=float("nan")), ValueError, r"lr must be a finite number ≥ 0, got nan \(float\)"),
+    "lr-inf": (dict(lr=math.inf), ValueError, r"lr must be a finite number ≥ 0, got inf \(float\)"),
+    "lr-str": (dict(lr="1e-3"), TypeError, r"lr must be a finite number ≥ 0, got '1e-3' \(str\)"),
+    "wd-nan": (dict(weight_decay=float("nan")), ValueError, r"weight_decay must be a finite number ≥ 0, got nan"),
+    "momentum-nan": (dict(momentum=float("nan")), ValueError, r"momentum must be a finite number in \[0, 1\), got"),
+    "eps-nan": (dict(eps=float("nan")), ValueError, r"eps must be a finite number > 0, got nan"),
+    "r_max-inf": (dict(r_max=math.inf), ValueError, r"r_max must be a finite number ≥ r_min \(0.1\), got inf"),
+}
+
+
+@pytest.mark.parametrize(("kwargs", "error", "said"), BAD_NUMBERS.values(), ids=BAD_NUMBERS)
+def test_a_hyper_parameter_that_is_not_a_finite_number_is_refused_in_one_line(kwargs, error, said) -> None:
+    with pytest.raises(error, match=f"^{said}"):
+        MuonFamily(matrices(), **kwargs)
+    if "lr" in kwargs:  # the whole-model optimizer's path: its matrices' LR, AdamW's set apart
+        with pytest.raises(error, match=f"^{said}"):
+            OrScaleLM(tiny_gpt(), adamw_lr=1e-3, **kwargs)
+
+
+def test_a_nan_lr_set_after_construction_stops_the_step() -> None:
+    """A scheduler's NaN (a host float; every comparison with it false) would skip every update."""
+    params = matrices()
+    opt = MuonFamily(params, lr=0.02)
+    set_grads(params, 1.0, seed=0)
+    opt.param_groups[0]["lr"] = float("nan")
+    before = [p.detach().clone() for _, p in params]
+    with pytest.raises(ValueError, match=r"^param group 0's lr must be a number ≥ 0, got nan$"):
+        opt.step()
+    assert all(torch.equal(p, b) for (_, p), b in zip(params, before, strict=True))
 
 
 def test_bad_inputs() -> None:

@@ -18,6 +18,7 @@ pass a 1e-5 test there.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,24 @@ def test_zero_bf16_runs_close_to_fp32(tmp_path, single, stage):
         assert got["calibration"][name] == pytest.approx(c, rel=2e-2), name
     rt = results["roundtrip"]
     assert rt["losses"] == got["losses"] and rt["loaded_calibration"] == rt["saved_calibration"]
+
+
+def test_zero_state_files_get_the_mode_the_umask_gives(tmp_path):
+    """safetensors writes through a temporary file of mode 0600: a ZeRO file gets the umask's mode, as
+    every other file of a checkpoint (here under umask 027: 0640)."""
+    from stat import S_IMODE
+
+    from safetensors import safe_open
+
+    from orscale.distributed.zero_checkpoint import NUMBERS, write_zero_state
+
+    before = os.umask(0o027)
+    try:
+        write_zero_state(({"flat/w/exp_avg@0": torch.ones(3)}, {"owner/w/step": 2}), tmp_path / "rank0.safetensors")
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(before)
+    modes = {p.name: oct(S_IMODE(p.stat().st_mode)) for p in tmp_path.iterdir()}
+    assert modes == {"rank0.safetensors": oct(0o640), "plain.json": oct(0o640)}
+    with safe_open(str(tmp_path / "rank0.safetensors"), "pt") as fh:  # still the file it was
+        assert fh.keys() == ["flat/w/exp_avg@0"] and json.loads(fh.metadata()[NUMBERS]) == {"owner/w/step": 2}
