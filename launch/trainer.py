@@ -17,7 +17,7 @@ from torch import Tensor
 from data import PackedLoader, TextTokenizer
 from launch.checkpoint import Checkpointer
 from launch.config import Config
-from launch.engine import Engine
+from launch.engine.base import Engine
 from launch.features.base import Feature
 from launch.features.checkpointing import Checkpointing
 from launch.features.profiling import Profiling

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from launch.engine.base import Engine
     from launch.parallel_config import ParallelConfig
     from launch.runtime.process_group import DistEnv
-    from models import GPT
+    from launch.train_config import TrainConfig
+    from models import GPT, GPTConfig
     from orscale import OptimConfig
 
 
@@ -46,6 +47,19 @@ class Backend:
         from launch.engine.torch_engine import TorchEngine
 
         return TorchEngine
+
+    def build_engine(
+        self,
+        model_cfg: GPTConfig,
+        parallel: ParallelConfig,
+        optim: OptimConfig,
+        train: TrainConfig,
+        env: DistEnv,
+        dtype: torch.dtype,
+        accum_steps: int,
+    ) -> Engine:
+        """This backend's engine for a run (collective on every rank)."""
+        return self.engine_class()(self, model_cfg, parallel, optim, train, env, dtype, accum_steps)
 
     def check_launch(self, world_size: int) -> None:
         """One-line ConfigError for a launch of `world_size` processes this backend cannot run, before

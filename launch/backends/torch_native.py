@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launch.backends.base import Backend
-from launch.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -27,16 +26,6 @@ class NoBackend(Backend):
     checkpoint_layout = "dcp"
     process_group = False
     many_processes = False
-
-    def check_launch(self, world_size: int) -> None:
-        if world_size > 1:
-            from launch.backends import BACKENDS
-
-            parallel = [name for name, cls in BACKENDS.items() if cls.many_processes]
-            raise ConfigError(
-                f"launched with {world_size} processes but parallel.backend={self.name}; "
-                f"set parallel.backend to {', '.join(parallel[:-1])} or {parallel[-1]}"
-            )
 
 
 class DDPBackend(Backend):

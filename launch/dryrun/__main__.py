@@ -16,7 +16,7 @@ import argparse
 import logging
 import sys
 
-from launch.backends import BACKENDS
+from launch.backends.registry import BACKENDS
 from launch.dryrun.fake_world import check_world
 from launch.dryrun.measure import dry_run
 from launch.dryrun.report import LAYOUTS, TABLE_HEAD, TABLE_NOTE, batch_for, describe, table_row, unsupported_rows

@@ -23,7 +23,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel
 
-from launch.backends import Backend, DDPBackend, ZeroBackend, backend_for, resolve_auto
+from launch.backends.base import Backend
+from launch.backends.registry import backend_for, resolve_auto
+from launch.backends.torch_native import DDPBackend
+from launch.backends.zero import ZeroBackend
 from launch.config import read_config
 from launch.dryrun.fake_world import (
     Collective,
@@ -205,7 +208,6 @@ def step_rank(
     cfg, chosen, accum = plan.cfg, plan.backend, plan.accum_steps
     par, train = cfg.parallel, cfg.train
     model_cfg = cfg.model.resolve()
-    engine_type = chosen.engine_class()
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
     if par.param_dtype == "auto" and chosen.shards_parameters:
         par.param_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"  # fsdp_mixed_precision on CUDA
@@ -219,7 +221,7 @@ def step_rank(
     local = min(gpus_per_node, world)
     env = DistEnv(rank, world, rank % local, torch.device("cpu"), par.backend, local)
     with _compiled_without_codegen():
-        engine = engine_type(model_cfg, par, cfg.optim, train, env, dtype, accum)
+        engine = chosen.build_engine(model_cfg, par, cfg.optim, train, env, dtype, accum)
     assert isinstance(engine, TorchEngine)  # ZeRO was refused above (UNSUPPORTED)
     if isinstance(engine.module, DistributedDataParallel) and is_fake_world():
         engine.module.register_comm_hook(None, fake_allreduce_hook)
@@ -308,7 +310,7 @@ def _compiled_without_codegen() -> Iterator[None]:
     """`parallel.compile` with torch's `aot_eager_decomp_partition` backend: the graphs, the
     decompositions and the min-cut partition (what backward keeps) that inductor would use, run
     op by op on the fake tensors instead of as generated kernels (which need real memory)."""
-    from launch.engine import parallelize
+    import launch.engine.parallelize as parallelize
 
     original = parallelize._compile_forward
     parallelize._compile_forward = lambda module, backend: original(module, "aot_eager_decomp_partition")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.backends import BACKENDS, backend_for
+from launch.backends.registry import BACKENDS, backend_for
 from launch.dryrun.measure import UNSUPPORTED, DryRun
 from launch.plan import load_config
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,9 @@ from models import GPT, GPTConfig
 from orscale import OptimConfig
 from orscale.centring import Centring
 
+if TYPE_CHECKING:
+    from launch.backends.base import Backend
+
 
 def checkpoint_layout(path: Path) -> dict[str, Any]:
     """The layout of the checkpoint at `path` (either family's: every engine reads both); one-line
@@ -38,14 +41,16 @@ def checkpoint_layout(path: Path) -> dict[str, Any]:
 
 
 class Engine(ABC):
-    """A model with its optimizers and parallelism. `module` is what forward runs on (for
-    evaluation too), `model` the bare GPT (sizes, FLOPs), `dtype` the compute dtype. Every engine is built
-    from the same sections of the run config: the resolved model, `parallel:`, `optim:` and `train:`."""
+    """A model with its optimizers and parallelism, as `backend` (the run's, which chose this engine) lays
+    them out. `module` is what forward runs on (for evaluation too), `model` the bare GPT (sizes, FLOPs),
+    `dtype` the compute dtype. Every engine is built from the same sections of the run config: the
+    resolved model, `parallel:`, `optim:` and `train:`."""
 
     module: nn.Module
 
     def __init__(
         self,
+        backend: Backend,
         model_cfg: GPTConfig,
         parallel: ParallelConfig,
         optim: OptimConfig,
@@ -54,7 +59,7 @@ class Engine(ABC):
         dtype: torch.dtype,
         accum_steps: int,
     ) -> None:
-        self.env, self.dtype, self.accum_steps = env, dtype, accum_steps
+        self.backend, self.env, self.dtype, self.accum_steps = backend, env, dtype, accum_steps
         self.attention = train.attention  # the SDPA backend (launch/engine/attention.py)
         self._skip_update: Callable[[Tensor], bool] | None = None
         self._build(model_cfg, parallel, optim, train)
@@ -72,11 +77,6 @@ class Engine(ABC):
     @abstractmethod
     def model(self) -> GPT:
         """The bare GPT (under whatever wrapping the backend applies)."""
-
-    @staticmethod
-    def check_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
-        """Cheap checks before anything is built: ConfigError for what this backend cannot run."""
-        return  # a hook: backends with restrictions override it
 
     @staticmethod
     def check_checkpoint(path: Path, world_size: int) -> None:

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from safetensors import safe_open
 from torch.profiler import record_function
 
-from launch.backends import ZeroBackend, backend_for, names_of
 from launch.checkpoint.async_writer import host_copy
 from launch.checkpoint.portable import MODEL, STATE, ZERO_FORMAT, ZERO_META, ZERO_TAG, FromRank0, dcp_entries
 from launch.engine.base import Engine, checkpoint_layout
@@ -45,33 +44,19 @@ from orscale.routing import canonical_name
 TAG, META, FORMAT = ZERO_TAG, ZERO_META, ZERO_FORMAT  # the layout this engine writes (launch.checkpoint.portable)
 
 
-def zero_stage(backend: str) -> int:
-    """DeepSpeed's ZeRO stage of `parallel.backend` (a ZeRO backend: `check_zero_config`)."""
-    stage = backend_for(backend).zero_stage
-    if stage is None:
-        raise ConfigError(f"DeepSpeedEngine needs parallel.backend {names_of(ZeroBackend)}, got {backend!r}")
-    return stage
-
-
-def check_zero_config(parallel: ParallelConfig, optim: OptimConfig) -> None:
-    """Cheap checks, before any work: one-line ConfigError for what ZeRO cannot run."""
-    zero_stage(parallel.backend)
-    backend_for(parallel.backend).check_optimizer(optim)
-
-
 def ds_config(
-    backend: str, micro: int, world_size: int, accum_steps: int, dtype: torch.dtype = torch.float32
+    stage: int, micro: int, world_size: int, accum_steps: int, dtype: torch.dtype = torch.float32
 ) -> dict[str, Any]:
-    """The DeepSpeed config dict for this run (nothing is read from a JSON file). fp32 parameters,
-    gradients and reductions; compute in `dtype` under autocast, as the other engines compute.
-    `micro`: sequences per micro-batch per rank (train.micro_batch_size)."""
+    """The DeepSpeed config dict for this run (nothing is read from a JSON file) at ZeRO `stage`. fp32
+    parameters, gradients and reductions; compute in `dtype` under autocast, as the other engines
+    compute. `micro`: sequences per micro-batch per rank (train.micro_batch_size)."""
     return {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum_steps,
         "train_batch_size": micro * accum_steps * world_size,
         "gradient_clipping": 0.0,  # the client optimizer clips the raw gradients itself
         "zero_optimization": {
-            "stage": zero_stage(backend),
+            "stage": stage,
             "elastic_checkpoint": False,  # the client optimizer's state_dict is saved as is, per rank
             "round_robin_gradients": False,
             "compute_grad_norm": True,  # the clip uses DeepSpeed's global norm of the raw gradients
@@ -101,9 +86,9 @@ def _check_names(source: Path, saved: set[str], own: set[str]) -> None:
 class DeepSpeedEngine(Engine):
     """A DeepSpeed ZeRO-1/2 engine around the GPT with the project's optimizers."""
 
-    check_config = staticmethod(check_zero_config)
-
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
+        if self.backend.zero_stage is None:  # only a ZeRO backend names this engine
+            raise ConfigError(f"DeepSpeedEngine runs the ZeRO backends, not parallel.backend={self.backend.name}")
         env, dtype, accum_steps = self.env, self.dtype, self.accum_steps
         import deepspeed
         from deepspeed.accelerator import get_accelerator
@@ -123,10 +108,11 @@ class DeepSpeedEngine(Engine):
             # DeepSpeed's comm compiles a shared-memory all-reduce op for the CPU at start (20-40 s on
             # a first run) unless marked incompatible; only its AutoTP inference all-reduce calls it.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        self.backend, self.optim_name = parallel.backend, optim.name
+        self.zero_stage: int = self.backend.zero_stage
+        self.optim_name = optim.name
         self.world_size = dist.get_world_size()
-        self.config = ds_config(parallel.backend, train.micro_batch_size, self.world_size, accum_steps, dtype)
-        model = build_model(model_cfg, parallel, train.seed, env, dtype)
+        self.config = ds_config(self.zero_stage, train.micro_batch_size, self.world_size, accum_steps, dtype)
+        model = build_model(model_cfg, parallel, train.seed, env, dtype, backend=self.backend)
         self.optimizer = ZeroShardedOptimizer(model, optim)
         self._ds: Any  # DeepSpeed's engine (an nn.Module with backward/step of its own; untyped)
         self._ds, _, _, _ = deepspeed.initialize(
@@ -214,7 +200,7 @@ class DeepSpeedEngine(Engine):
         meta = {
             "format": FORMAT,
             "world_size": self.world_size,
-            "stage": zero_stage(self.backend),
+            "stage": self.zero_stage,
             "optim": self.optim_name,
         }
 

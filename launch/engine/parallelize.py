@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from launch.backends import backend_for
 from launch.environment import EnvFacts
 from launch.parallel_config import ParallelConfig
 from launch.runtime.process_group import DistEnv
@@ -22,6 +21,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
+    from launch.backends.base import Backend
+
 
 def build_model(
     model_cfg: GPTConfig,
@@ -30,18 +31,19 @@ def build_model(
     env: DistEnv,
     dtype: torch.dtype = torch.float32,
     *,
+    backend: Backend,
     compile_backend: str = "inductor",
 ) -> GPT:
-    """Construct, shard (FSDP2) and initialise the GPT, equal to a single-process run's at any world size
-    (docs/determinism.md). FSDP2 with `parallel.meta_init` builds on the meta device and fills each rank's
-    shard after `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank.
+    """Construct, shard (as `backend` does: FSDP2) and initialise the GPT, equal to a single-process run's
+    at any world size (docs/determinism.md). FSDP2 with `parallel.meta_init` builds on the meta device and
+    fills each rank's shard after `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank.
     `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`, which traces
     the same graphs without generating kernels)."""
     torch.manual_seed(seed)
-    meta_init = backend_for(parallel.backend).meta_init(parallel)
+    meta_init = backend.meta_init(parallel)
     with torch.device("meta" if meta_init else env.device):
         model = GPT(model_cfg) if meta_init else GPT(model_cfg, seed=seed)
-    _apply(model, parallel, env, dtype, compile_backend)
+    _apply(model, parallel, env, dtype, compile_backend, backend)
     if meta_init:
         model.to_empty(device=env.device)
         init_sharded(model, seed)
@@ -66,7 +68,9 @@ def init_sharded(model: GPT, seed: int) -> None:
     model.init_buffers()
 
 
-def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype, compile_backend: str) -> None:
+def _apply(
+    model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype, compile_backend: str, backend: Backend
+) -> None:
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -80,7 +84,7 @@ def _apply(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtyp
             _compile_forward(block, compile_backend)
         # The head and the loss too: eager, its chunk loop is ~14 passes over each chunk of logits.
         _compile_method(model, "head_loss", compile_backend)
-    backend_for(parallel.backend).shard(model, parallel, env, dtype)
+    backend.shard(model, parallel, env, dtype)
     if compile_mode == "model":
         _compile_forward(model, compile_backend)
 

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from launch.backends import backend_for
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.checkpoint.portable import (
     checkpoint_kind,
@@ -40,11 +39,11 @@ class TorchEngine(Engine):
     """PyTorch-native data parallelism: one process, DDP or FSDP2."""
 
     def _build(self, model_cfg: GPTConfig, parallel: ParallelConfig, optim: OptimConfig, train: TrainConfig) -> None:
-        env, backend = self.env, backend_for(parallel.backend)
+        env, backend = self.env, self.backend
         if backend.optimizer_placement is None:  # a backend with a client optimizer of its own (ZeRO)
             raise ConfigError(f"TorchEngine cannot run parallel.backend={backend.name}; use its own engine")
         self._shards = backend.shards_parameters
-        self._model = build_model(model_cfg, parallel, train.seed, env, self.dtype)
+        self._model = build_model(model_cfg, parallel, train.seed, env, self.dtype, backend=backend)
         self.module = backend.wrap(self._model, env)
         self.optimizers = build_optimizers(
             self._model,

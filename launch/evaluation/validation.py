@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from launch.engine import Engine
+from launch.engine.base import Engine
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 
 

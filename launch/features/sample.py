@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from data import TextTokenizer
-from launch.engine import Engine
+from launch.engine.base import Engine
 from launch.features.base import Feature
 from launch.train_config import at_least
 

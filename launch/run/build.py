@@ -15,7 +15,7 @@ from typing import Any
 from data import Documents, PackedLoader, TextTokenizer, build_val_set, load_tokenizer
 from launch.checkpoint import Checkpointer, read_meta
 from launch.config import Config, to_dict
-from launch.engine import Engine
+from launch.engine.base import Engine
 from launch.errors import ConfigError
 from launch.plan import Plan
 from launch.run.lock import RunLock
@@ -137,8 +137,9 @@ def build_parts(plan: Plan, start: Start, docs: Documents, val_end: tuple[int, i
         cfg.data, docs, first=val_end, windows_per_step=windows, rank=env.rank, world_size=env.world_size
     )
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine_type = plan.backend.engine_class()
-    engine = engine_type(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, plan.accum_steps)
+    engine = plan.backend.build_engine(
+        cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, plan.accum_steps
+    )
     state = TrainState(env.rank, env.world_size)
     model = engine.model
     flops = (model.flops_per_token(cfg.data.seq_len), model.flops_per_token(cfg.data.seq_len, causal=True))

@@ -11,15 +11,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from launch.backends import Backend
 from launch.environment import EnvFacts
 from launch.errors import ConfigError
 from launch.runtime.hangs import elastic_store, nccl_ends_on_timeout, nccl_flight_recorder, set_default_timeout
+
+if TYPE_CHECKING:
+    from launch.backends.base import Backend
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.backends import BACKENDS
+from launch.backends.registry import BACKENDS
 from launch.sweep.slurm import Job, render
 from launch.sweep.spec import ROOT, Cell, SpecError, Sweep
 from records.read import read_run

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from launch.backends import backend_for
+from launch.backends.registry import backend_for
 from launch.config import Config
 from launch.engine.parallelize import build_model
 from launch.runtime.process_group import init_distributed
@@ -33,14 +33,23 @@ def initial_states() -> dict[str, dict[str, torch.Tensor]] | None:
     results = {}
     for backend in ("fsdp", "ddp"):
         cfg.parallel.backend = backend
-        model = build_model(get_preset("tiny", **MODEL), cfg.parallel, cfg.train.seed, env)
+        model = build_model(
+            get_preset("tiny", **MODEL), cfg.parallel, cfg.train.seed, env, backend=backend_for(cfg.parallel.backend)
+        )
         results[backend] = full_state(model)
     from launch.engine.deepspeed_engine import DeepSpeedEngine
 
     cfg.parallel.backend = "zero2"
     zero_model = dict(MODEL, center_mlp=False)  # ZeRO does not run the centred MLP
     engine = DeepSpeedEngine(
-        get_preset("tiny", **zero_model), cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps=1
+        backend_for(cfg.parallel.backend),
+        get_preset("tiny", **zero_model),
+        cfg.parallel,
+        cfg.optim,
+        cfg.train,
+        env,
+        torch.float32,
+        accum_steps=1,
     )
     results["zero2"] = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
     return results if env.rank == 0 else None

@@ -10,9 +10,10 @@ import re
 import pytest
 import torch
 
-from launch.backends import BACKENDS, DDPBackend, FSDPBackend, NoBackend, ZeroBackend, backend_for, resolve_auto
+from launch.backends.registry import BACKENDS, backend_for, resolve_auto
+from launch.backends.torch_native import DDPBackend, FSDPBackend, NoBackend
+from launch.backends.zero import ZeroBackend
 from launch.config import ParallelConfig, read_config
-from launch.engine import engine_class
 from launch.engine.parallelize import reshard_after_forward
 from launch.environment import EnvFacts
 from launch.errors import ConfigError
@@ -36,7 +37,7 @@ def test_engines_placements_and_layouts() -> None:
     from launch.engine.deepspeed_engine import DeepSpeedEngine
     from launch.engine.torch_engine import TorchEngine
 
-    engines = {name: engine_class(name) for name in BACKENDS}
+    engines = {name: backend_for(name).engine_class() for name in BACKENDS}
     assert engines == {
         "none": TorchEngine,
         "ddp": TorchEngine,

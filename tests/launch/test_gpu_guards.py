@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from launch.backends.registry import backend_for
 from launch.run.meter import StepMeter
 from launch.runtime.process_group import DistEnv, set_tf32
 from orscale.adamw import FUSED_DTENSOR_LEAK, adamw_implementation, fused_leaks
@@ -40,14 +41,16 @@ def _zero_forward(dtype_name: str) -> dict:
     real = torch.is_autocast_enabled
     torch.is_autocast_enabled = lambda device_type=None: real(device_type or "cpu")  # type: ignore[assignment]
     try:
-        from launch.backends import backend_for
+        from launch.backends.registry import backend_for
         from launch.engine.deepspeed_engine import DeepSpeedEngine
         from launch.runtime.process_group import init_distributed
 
         cfg = zw.make_config("orscale_lm", backend="zero2")
         env = init_distributed(backend_for(cfg.parallel.backend), cfg.train.device)
         model_cfg = zw.get_preset("tiny", **zw.MODEL)
-        engine = DeepSpeedEngine(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, zw.ACCUM)
+        engine = DeepSpeedEngine(
+            backend_for(cfg.parallel.backend), model_cfg, cfg.parallel, cfg.optim, cfg.train, env, dtype, zw.ACCUM
+        )
         seen: list[torch.dtype] = []
         engine.model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
         engine.forward_backward(zw.batches()[0, 0, : zw.MICRO], last_micro_batch=False)
@@ -178,7 +181,14 @@ def test_downstream_scoring_of_a_compiled_model_meets_at_most_four_shapes():
     summaries = {}
     for mode in ("none", "blocks"):
         cfg = load_config(None, ["parallel.backend=none", f"parallel.compile={mode}"])
-        model = build_model(get_preset("tiny", **model_kw), cfg.parallel, 7, CPU, compile_backend="aot_eager")
+        model = build_model(
+            get_preset("tiny", **model_kw),
+            cfg.parallel,
+            7,
+            CPU,
+            compile_backend="aot_eager",
+            backend=backend_for(cfg.parallel.backend),
+        )
         model.eval()
         prepared = prepare_tasks(*args, static_shapes=mode != "none")
         shapes = {tuple(b.inputs.shape) for p in prepared for b in p.batches}

@@ -22,6 +22,7 @@ import pytest
 import torch
 import yaml
 
+from launch.backends.registry import backend_for
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.engine.parallelize import build_model
 from launch.plan import load_config
@@ -44,7 +45,9 @@ def _fsdp_mesh_on_a_gpu_machine(overrides: list[str]) -> tuple[str, tuple[int, .
     try:
         cfg = load_config(None, ["parallel.backend=fsdp", *overrides])
         env = DistEnv(dist.get_rank(), dist.get_world_size(), 0, torch.device("cpu"), "fsdp")
-        model = build_model(get_preset("tiny", **MODEL), cfg.parallel, 7, env)
+        model = build_model(
+            get_preset("tiny", **MODEL), cfg.parallel, 7, env, backend=backend_for(cfg.parallel.backend)
+        )
     finally:
         torch._C._get_accelerator = accelerator
     mesh = next(model.parameters()).device_mesh
@@ -92,7 +95,9 @@ def _ddp_gradient_storage(accum_steps: int, steps: int) -> list[dict]:
     cfg = load_config(None, ["parallel.backend=ddp", "optim.name=orscale_lm", "optim.ns_dtype=fp32"])
     env = DistEnv(dist.get_rank(), dist.get_world_size(), 0, torch.device("cpu"), "ddp")
     model_cfg = get_preset("tiny", **MODEL)
-    engine = TorchEngine(model_cfg, cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps)
+    engine = TorchEngine(
+        backend_for("ddp"), model_cfg, cfg.parallel, cfg.optim, cfg.train, env, torch.float32, accum_steps
+    )
     params = list(engine.model.parameters())
     gen = torch.Generator().manual_seed(dist.get_rank())
     seen, first = [], None

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from launch.backends.registry import backend_for
 from launch.checkpoint import checkpointer as ckpt
 from launch.engine.parallelize import build_model, fsdp_mixed_precision, reshard_after_forward
 from launch.plan import load_config
@@ -34,7 +35,14 @@ def _build(mode: str, backend: str = "none", ac: bool = False, dist_env: DistEnv
         None, [f"parallel.backend={backend}", f"parallel.compile={mode}", f"parallel.activation_checkpointing={ac}"]
     )
     dist_env = dist_env or DistEnv(0, 1, 0, torch.device("cpu"), backend)
-    return build_model(get_preset("tiny", **MODEL), cfg.parallel, 7, dist_env, compile_backend="aot_eager")
+    return build_model(
+        get_preset("tiny", **MODEL),
+        cfg.parallel,
+        7,
+        dist_env,
+        compile_backend="aot_eager",
+        backend=backend_for(cfg.parallel.backend),
+    )
 
 
 def _loss_and_grads(model) -> tuple[float, dict[str, torch.Tensor]]:
@@ -254,7 +262,14 @@ def _fsdp_worker() -> dict:
         out[case] = {"loss": loss, "grad_norms": norms}
     # bf16 FSDP2 params: what each block receives (the RoPE tables must stay fp32, as in one process).
     cfg = load_config(None, ["parallel.backend=fsdp", "parallel.param_dtype=bf16"])
-    model = build_model(get_preset("tiny", **MODEL), cfg.parallel, 7, dist_env, torch.bfloat16)
+    model = build_model(
+        get_preset("tiny", **MODEL),
+        cfg.parallel,
+        7,
+        dist_env,
+        torch.bfloat16,
+        backend=backend_for(cfg.parallel.backend),
+    )
     seen: dict[str, str] = {}
     model.blocks[0].register_forward_pre_hook(lambda _, args: seen.update(x=str(args[0].dtype), cos=str(args[1].dtype)))
     _loss_and_grads(model)

@@ -140,7 +140,7 @@ def _init_as_on_a_gpu_node(monkeypatch, device: str, run_dir) -> dict[str, str]:
     import torch
     import torch.distributed.distributed_c10d as c10d
 
-    from launch.backends import backend_for
+    from launch.backends.registry import backend_for
     from launch.runtime.process_group import init_distributed
 
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "NCCL" not in k and "FR_" not in k})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launch.backends.registry import backend_for
 from launch.engine.parallelize import build_model
 from launch.plan import load_config
 from launch.runtime.process_group import DistEnv
@@ -39,15 +40,15 @@ def test_init_value_is_cpu_and_unchanged_under_an_ambient_meta_device():
 @pytest.mark.parametrize("backend", ["none", "ddp"])  # the `with torch.device(env.device)` build path
 def test_build_model_under_an_ambient_meta_device_gives_the_same_weights(backend):
     parallel = load_config(None, [f"parallel.backend={backend}"]).parallel
-    plain = build_model(CFG, parallel, 7, CPU)
+    plain = build_model(CFG, parallel, 7, CPU, backend=backend_for(parallel.backend))
     with torch.device("meta"):
-        ambient = build_model(CFG, parallel, 7, CPU)
+        ambient = build_model(CFG, parallel, 7, CPU, backend=backend_for(parallel.backend))
         seedless = GPT(CFG)  # built on meta: nothing drawn, nothing initialised
     assert seedless.tok_emb.weight.is_meta
     for (name, a), (_, b) in zip(ambient.state_dict().items(), plain.state_dict().items(), strict=True):
         assert a.device.type == "cpu" and torch.equal(a, b), name
     with torch.device("cuda" if torch.cuda.is_available() else "meta"):  # GPT.init_weights draws on the CPU
-        again = build_model(CFG, parallel, 7, CPU)
+        again = build_model(CFG, parallel, 7, CPU, backend=backend_for(parallel.backend))
     assert torch.equal(again.tok_emb.weight, plain.tok_emb.weight)
 
 

@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import models.fused_loss as fused_loss
 from bench.op_bytes import count_ops
+from launch.backends.registry import backend_for
 from launch.config import ParallelConfig
 from launch.engine.parallelize import build_model
 from launch.runtime.process_group import DistEnv
@@ -89,8 +90,11 @@ def test_compiled_training_step_runs_no_eager_logsumexp_and_equals_eager(monkeyp
     monkeypatch.setattr(fused_loss, "CHUNK_ELEMENTS", 5 * V)  # 7 chunks of 5 rows for 32 rows
     env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
     cfg = get_preset("tiny", **TINY)
-    eager = build_model(cfg, ParallelConfig(backend="none", compile="none"), 7, env)
-    compiled = build_model(cfg, ParallelConfig(backend="none", compile=mode), 7, env, compile_backend="inductor")
+    one = backend_for("none")
+    eager = build_model(cfg, ParallelConfig(backend="none", compile="none"), 7, env, backend=one)
+    compiled = build_model(
+        cfg, ParallelConfig(backend="none", compile=mode), 7, env, compile_backend="inductor", backend=one
+    )
     idx, targets = batch()
     torch._dynamo.reset()
     with torch._inductor.config.patch(compile_threads=1):  # no pool of compile worker processes

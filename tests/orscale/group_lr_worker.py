@@ -63,14 +63,13 @@ def _groups(engine) -> list[tuple[str, float]]:
 
 
 def run(backend: str, optim: str) -> dict:
-    from launch.backends import backend_for
-    from launch.engine import engine_class
+    from launch.backends.registry import backend_for
     from launch.runtime.process_group import compute_dtype, init_distributed
 
     cfg = load_config(None, [*OVERRIDES, f"optim.name={optim}", f"parallel.backend={backend}"])
     env = init_distributed(backend_for(backend), "cpu")
     dtype = compute_dtype(cfg.train.dtype, env.device)
-    engine = engine_class(backend)(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
+    engine = backend_for(backend).build_engine(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, env, dtype, 1)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(0, 256, (STEPS, 2 * env.world_size, SEQ + 1), generator=gen)
     steps = []

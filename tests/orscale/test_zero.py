@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch.backends.registry import backend_for
 from launch.config import Config
 from launch.engine.base import checkpoint_layout
-from launch.engine.deepspeed_engine import FORMAT, DeepSpeedEngine, check_zero_config, ds_config
+from launch.engine.deepspeed_engine import FORMAT, DeepSpeedEngine, ds_config
 from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
 from orscale.distributed.zero_layout import build_layout
@@ -71,31 +72,32 @@ def _cfg(backend: str, optim: str = "orscale_lm") -> Config:
 
 
 def test_zero_config_errors_are_one_line():
-    with pytest.raises(ConfigError, match="zero1 or zero2"):
-        check_zero_config(_cfg("ddp").parallel, _cfg("ddp").optim)
+    ddp = _cfg("ddp")
+    with pytest.raises(ConfigError, match="parallel.backend=ddp"):  # only a ZeRO backend builds this engine
+        DeepSpeedEngine(backend_for("ddp"), None, ddp.parallel, ddp.optim, ddp.train, None, torch.float32, 1)
     from orscale import OPTIMIZER_NAMES
 
     for name in OPTIMIZER_NAMES:  # every optimizer runs under ZeRO (whole tensors at owner ranks)
-        check_zero_config(_cfg("zero1", name).parallel, _cfg("zero1", name).optim)
+        backend_for("zero1").check_optimizer(_cfg("zero1", name).optim)
     center = _cfg("zero2", "cbp")
     center.model.center_mlp, center.train.skip_spikes = True, True
-    check_zero_config(center.parallel, center.optim)  # M2 and the spike guard run under ZeRO too
+    backend_for("zero2").check_optimizer(center.optim)  # M2 and the spike guard run under ZeRO too
 
 
 def test_ds_config_leaves_clipping_to_us_and_keeps_fp32_arithmetic():
     cfg = _cfg("zero1")
     cfg.train.micro_batch_size = 4
-    c = ds_config(cfg.parallel.backend, cfg.train.micro_batch_size, world_size=8, accum_steps=3)
+    c = ds_config(1, cfg.train.micro_batch_size, world_size=8, accum_steps=3)
     assert c["gradient_clipping"] == 0.0 and c["zero_optimization"]["stage"] == 1
     assert c["train_batch_size"] == 4 * 3 * 8 and c["gradient_accumulation_steps"] == 3
     # fp32 params, gradients and reductions on every stage: bf16 compute comes from autocast.
-    for stage in ("zero1", "zero2"):
-        c = ds_config(stage, _cfg(stage).train.micro_batch_size, 8, 3)
+    for stage in (1, 2):
+        c = ds_config(stage, _cfg(f"zero{stage}").train.micro_batch_size, 8, 3)
         assert not c["bf16"]["enabled"] and not c["fp16"]["enabled"] and c["communication_data_type"] == "fp32"
         assert not c["torch_autocast"]["enabled"]  # an fp32 run
     # A bf16 run: DeepSpeed autocasts the forward itself (it would switch an outer autocast off),
     # with no module whose gradients it would reduce in bf16 (tests/launch/test_gpu_guards.py runs it).
-    bf16 = ds_config("zero2", 4, 8, 3, torch.bfloat16)["torch_autocast"]
+    bf16 = ds_config(2, 4, 8, 3, torch.bfloat16)["torch_autocast"]
     assert bf16 == {"enabled": True, "dtype": "torch.bfloat16", "lower_precision_safe_modules": []}
 
 

@@ -112,14 +112,27 @@ def run_single(optim: str) -> dict:
 # ---------------------------------------------------------------------------------------- ZeRO side
 def _zero_engine(optim: str, stage: int, seed: int = 42, bf16: bool = False):
     """`bf16`: bf16 compute through the engine's autocast (on CPU; not an equality test)."""
-    from launch.backends import backend_for
+    from launch.backends.registry import backend_for
     from launch.engine.deepspeed_engine import DeepSpeedEngine
     from launch.runtime.process_group import init_distributed
 
     cfg = make_config(optim, backend=f"zero{stage}", seed=seed)
     env = init_distributed(backend_for(cfg.parallel.backend), cfg.train.device)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return cfg, env, DeepSpeedEngine(get_preset("tiny", **MODEL), cfg.parallel, cfg.optim, cfg.train, env, dtype, ACCUM)
+    return (
+        cfg,
+        env,
+        DeepSpeedEngine(
+            backend_for(cfg.parallel.backend),
+            get_preset("tiny", **MODEL),
+            cfg.parallel,
+            cfg.optim,
+            cfg.train,
+            env,
+            dtype,
+            ACCUM,
+        ),
+    )
 
 
 def _train(cfg, env, zero, steps: range) -> tuple[list[float], list[float]]:
