@@ -121,7 +121,7 @@ def worker(args: argparse.Namespace) -> None:
         f"parallel.backend={'fsdp' if args.nproc > 1 else 'none'}",
     ]
     if not torch.cuda.is_available():
-        overrides.append("optim.ns_dtype=fp32")  # bf16 GEMMs are ~40x slower on a CPU without native ones
+        overrides.append("optim.muon.ns_dtype=fp32")  # bf16 GEMMs are ~40x slower on a CPU without native ones
     train(load_plan(str(ROOT / "configs/tiny.yaml"), overrides))
     shutdown()
     (args.out / f"rank{rank}.json").write_text(json.dumps(rec.result()))

@@ -5,7 +5,7 @@
 The runs of `tests/test_distributed.py` (6 steps, accumulation, vocab 50257): one process, then 2
 ranks under DDP, FSDP2 and ZeRO-2. Prints the three tensors with the largest relative difference
 ‖w₂ − w₁‖/‖w₁‖ after 6 steps, and the largest relative loss difference. `--no-m3` turns off CBP's
-preconditioner (optim.cbp_precondition=false), whose 1/(√v̂ + ζ) grows reduction-order noise.
+preconditioner (optim.cbp.precondition=false), whose 1/(√v̂ + ζ) grows reduction-order noise.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--no-m3", action="store_true", help="optim.cbp_precondition=false")
+    parser.add_argument("--no-m3", action="store_true", help="optim.cbp.precondition=false")
     args = parser.parse_args()
-    extra = ["optim.cbp_precondition=false"] if args.no_m3 else []
+    extra = ["optim.cbp.precondition=false"] if args.no_m3 else []
     root = Path(tempfile.mkdtemp(prefix="m2-drift-"))
     common = ["optim.name=cbp", "model.center_mlp=true", *EQUAL, *extra]
     runs = {}

@@ -44,7 +44,7 @@ LADDER = [  # configs/sweeps/cpu_ladder.yaml's overrides and scale s2
     "train.log_every=8",
     "train.progress=false",
     "optim.min_lr_ratio=0.1",
-    "optim.ns_dtype=fp32",
+    "optim.muon.ns_dtype=fp32",
     "parallel.backend=none",
     "model.n_layer=3",
     "model.d_model=96",
@@ -110,7 +110,7 @@ def wsd_jobs(runs: Path, fraction: float) -> list[Job]:
         for seed in SEEDS:
             run_dir = runs / wsd_dir(fraction) / _tag(optim, seed)
             cfg = [f"train.max_steps={WSD_TOTAL}", f"optim.warmup_steps={WSD_WARMUP}", "optim.schedule=wsd"]
-            cfg += [f"optim.decay_fraction={fraction}", "optim.decay_shape=1-sqrt", "train.eval_every=32"]
+            cfg += [f"optim.wsd.decay_fraction={fraction}", "optim.wsd.decay_shape=1-sqrt", "train.eval_every=32"]
             cfg += [f"train.ckpt_at=[{','.join(map(str, branch_starts(fraction)))}]", "run.keep_checkpoints=0"]
             args = ["--config", "configs/tiny.yaml", *LADDER, *cfg, *_point(optim, seed), f"run.dir={run_dir}"]
             jobs.append(Job(run_dir, [sys.executable, "train.py", *args], WSD_TOTAL))

@@ -26,20 +26,27 @@ class DataConfig:
     # data_files, "text" (.txt files), "tokens" with data_files = [a `python -m data.prepare` output
     # directory], or a hub dataset as owner/name (e.g. HuggingFaceFW/fineweb-edu: its parquet files,
     # settings in data.hub). Relative paths resolve against the working directory, then the project root.
-    source: str = "auto"
-    data_files: list[str] = field(default_factory=list)
-    text_field: str = "text"
+    source: str = field(default="auto", metadata={"resume": "fixed"})
+    data_files: list[str] = field(default_factory=list, metadata={"resume": "fixed"})
+    text_field: str = field(default="text", metadata={"resume": "fixed"})
     tokenizer: str = "assets/tokenizers/gpt2"
-    seq_len: int = 256
-    val_tokens: int = 16384  # constant validation size: identical for every run
-    val_batch_size: int = 8
-    encode_batch_docs: int = 64  # documents tokenised per encode_batch call
-    logical_shards: int = 16  # fixed split of the stream, independent of the world size
-    piece_bytes: int = 1 << 20  # JSON Lines are read in pieces of this many bytes (parquet: row groups)
-    shuffle: bool = False  # per-epoch seeded piece order + a document shuffle buffer (False: published order)
-    shuffle_buffer: int = 256  # documents per logical shard held for shuffling (with shuffle=true)
-    seed: int = 1234  # the data order's seed (train.seed is the model's)
-    prefetch_steps: int = 2  # steps read, tokenised and packed ahead in a background thread; 0: inline
+    seq_len: int = field(default=256, metadata={"resume": "fixed"})
+    # constant validation size: identical for every run
+    val_tokens: int = field(default=16384, metadata={"resume": "fixed"})
+    val_batch_size: int = field(default=8, metadata={"resume": "routine"})
+    # documents tokenised per encode_batch call
+    encode_batch_docs: int = field(default=64, metadata={"resume": "routine"})
+    # fixed split of the stream, independent of the world size
+    logical_shards: int = field(default=16, metadata={"resume": "fixed"})
+    # JSON Lines are read in pieces of this many bytes (parquet: row groups)
+    piece_bytes: int = field(default=1 << 20, metadata={"resume": "fixed"})
+    # per-epoch seeded piece order + a document shuffle buffer (False: published order)
+    shuffle: bool = field(default=False, metadata={"resume": "fixed"})
+    # documents per logical shard held for shuffling (with shuffle=true)
+    shuffle_buffer: int = field(default=256, metadata={"resume": "fixed"})
+    seed: int = field(default=1234, metadata={"resume": "fixed"})  # the data order's seed (train.seed is the model's)
+    # steps read, tokenised and packed ahead in a background thread; 0: inline
+    prefetch_steps: int = field(default=2, metadata={"resume": "routine"})
     sections: dict[str, Any] = field(default_factory=dict)  # the sources' own, by section name
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ a machine without the task data (that is checked when the tasks are loaded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from evals.task_data import SHOTS, TASK_NAMES
 
@@ -21,6 +22,9 @@ def _is_int(value: object) -> bool:
 
 @dataclass
 class EvalConfig:
+    # downstream evaluation reads the model; changing it on resume changes nothing in training
+    resume_policy: ClassVar[str] = "routine"
+
     tasks: list[str] = field(default_factory=list)  # downstream tasks scored at train.eval_every; [] = none
     shots: int = 0  # 0 or 5: which OLMES request file (rc_0shot / rc_5shot)
     max_examples: int = 0  # per task; 0 = every example; otherwise a deterministic subsample, the same for every run

@@ -66,8 +66,8 @@ class Choice:
     """One kind of component chosen by a key of a section (`optim.name` chooses an optimizer family):
     `chosen(section)`, the options classes of the one it chooses; `table()`, every component's by
     name; `strict`: a sub-section of another component, set to other than its defaults, is a one-line
-    error (a schedule's, whose keys mean nothing to another), else a warning (a sweep's base config may
-    set one optimizer's options for every optimizer)."""
+    error (a schedule's, whose keys mean nothing to another), else a note (a sweep's base config may set
+    one optimizer's options for every optimizer)."""
 
     section: str
     key: str
@@ -247,8 +247,7 @@ def config_from_tree(tree: dict[str, Any]) -> Config:
     except SECTION_ERRORS as err:
         raise ConfigError(str(err)) from None
     read = {f"{section_name(p)}.{o.section}" for p, os in chosen.items() for o in os}
-    cfg.notes = tuple(_moved_notes(moved, read))
-    cfg.warnings = tuple(_unread(cfg, tree, read))
+    cfg.notes = (*_moved_notes(moved, read), *_unread(cfg, tree, read))
     return cfg
 
 
@@ -272,9 +271,8 @@ def _moved_notes(moved: Iterable[tuple[str, tuple[str, ...]]], read: set[str]) -
 
 
 def _unread(cfg: Config, tree: dict[str, Any], read: set[str]) -> list[str]:
-    """One warning per sub-section `tree` sets, other than its defaults, that none of the run's
-    components reads (it is not recorded); a ConfigError for one that a strict choice's other component
-    owns."""
+    """One note per sub-section `tree` sets, other than its defaults, that none of the run's components
+    reads (it is not recorded); a ConfigError for one that a strict choice's other component owns."""
     lines = []
     for parent, options in component_options().items():
         name = section_name(parent)
@@ -292,7 +290,7 @@ def _unread(cfg: Config, tree: dict[str, Any], read: set[str]) -> list[str]:
                     f"{key} is the settings of {name}.{choice.key}={owners}; this run has {chooser}: "
                     f"set {name}.{choice.key}={owners} or leave {key} unset"
                 )
-            lines.append(f"{key} ({owners}'s settings) is set but this run has {chooser}: ignored")
+            lines.append(f"{key} is set but this run ({chooser}) does not read it: ignored")
     return lines
 
 
@@ -306,6 +304,40 @@ def keep_chosen(cfg: Config) -> Config:
         kept = {key: value for key, value in getattr(section, SECTIONS).items() if key in wanted}
         setattr(out, name, dataclasses.replace(section, **{SECTIONS: kept}))
     return out
+
+
+def resume_keys(policy: str) -> tuple[str, ...]:
+    """The config.yaml keys (`config.<section>.<key>`; a whole section's with a trailing dot) whose change
+    on resume has `policy`, as the sections declare it: "fixed" (the checkpoint cannot continue a run
+    that changes it: the data's identity, the optimizer) or "routine" (logging, read-ahead, what only
+    observes the run: no warning). A field declares it in its metadata (`{"resume": ...}`), a section
+    or sub-section class in `resume_policy`; every other change is said as a warning."""
+    keys: list[str] = []
+
+    def visit(cls: type, prefix: str) -> None:
+        if getattr(cls, "resume_policy", None) == policy:
+            keys.append(f"{prefix}.")
+            return
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("resume") == policy:
+                keys.append(f"{prefix}.{f.name}")
+            elif dataclasses.is_dataclass(hints[f.name]):
+                visit(hints[f.name], f"{prefix}.{f.name}")
+        for options in component_options().get(cls, []):
+            visit(options, f"{prefix}.{options.section}")
+
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        if f.init:
+            visit(hints[f.name], f"config.{f.name}")
+    return tuple(keys)
+
+
+def recorded(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config.yaml's sections (this format's or an earlier one's) as this format records them: keys
+    that moved where they live now, the sub-sections its components read, every default filled in."""
+    return to_dict(keep_chosen(config_from_tree(tree)))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

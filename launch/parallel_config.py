@@ -5,7 +5,7 @@ settings, HSDP's mesh, the Muon family's owner exchange). Checks itself on const
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launch.train_config import at_least, require
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
@@ -22,10 +22,10 @@ class ParallelConfig:
     meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
     # auto (blocks on CUDA, none on CPU) | none | blocks (each block, and the head with its loss) | model (whole)
-    compile: str | bool = "auto"
+    compile: str | bool = field(default="auto", metadata={"resume": "routine"})
     # FSDP2: free each block's gathered params after its forward (true), keep them for backward
     # (false: faster, more memory), or auto (false on one node, true across nodes).
-    reshard_after_forward: str | bool = "auto"
+    reshard_after_forward: str | bool = field(default="auto", metadata={"resume": "routine"})
     # FSDP2 param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
     # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
     param_dtype: str = "auto"

@@ -40,6 +40,10 @@ def at_least(section: str, obj: Any, **minima: float | tuple[float, str]) -> Non
 
 @dataclass
 class RunConfig:
+    """`run:`: where a run lives, how it resumes and checkpoints (changing it on resume is routine)."""
+
+    resume_policy: ClassVar[str] = "routine"
+
     dir: str = "runs/tiny"
     resume: str = "auto"  # auto | none | restart (damaged checkpoints moved aside, never deleted) | <a checkpoint>
     overwrite: bool = False  # allow starting fresh in a run dir that already has metrics
@@ -61,6 +65,8 @@ class ProfileConfig:
     """`train.profile`: torch.profiler traces of windows of steps, one chrome trace per rank and window
     (launch/run/profiling.py). The window is torch.profiler.schedule's, counted in this launch's steps."""
 
+    resume_policy: ClassVar[str] = "routine"  # traces observe the run; they change nothing in it
+
     enabled: bool = False
     skip_first: int = 5  # steps before the first window (start-up, first allocations, compilation)
     wait: int = 0  # steps between windows
@@ -80,6 +86,8 @@ class MemorySnapshotConfig:
     """`train.memory_snapshot` (CUDA only): the allocator's history over a window of this launch's steps,
     dumped for pytorch.org/memory_viz, and on an out-of-memory error (launch/run/profiling.py)."""
 
+    resume_policy: ClassVar[str] = "routine"  # snapshots observe the run
+
     enabled: bool = False
     skip_first: int = 0  # steps before recording starts
     steps: int = 3  # steps recorded, then dumped (0: until the run ends or runs out of memory)
@@ -95,10 +103,11 @@ class TrainConfig:
     tokens_per_step: int = 8192  # global; reached by gradient accumulation
     micro_batch_size: int = 8  # sequences per micro-batch per rank
     seed: int = 42
-    log_every: int = 10
-    eval_every: int = 50
-    ckpt_every: int = 0  # 0: only the final checkpoint
-    ckpt_at: list[int] = field(default_factory=list)  # more steps to save at (a wsd run's branch points)
+    log_every: int = field(default=10, metadata={"resume": "routine"})
+    eval_every: int = field(default=50, metadata={"resume": "routine"})
+    ckpt_every: int = field(default=0, metadata={"resume": "routine"})  # 0: only the final checkpoint
+    # more steps to save at (a wsd run's branch points)
+    ckpt_at: list[int] = field(default_factory=list, metadata={"resume": "routine"})
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
     # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
@@ -107,7 +116,8 @@ class TrainConfig:
     # launch/engine/attention.py) | default (torch's order) | flash | cudnn | efficient | math
     attention: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
-    progress: bool = True  # a bar on rank 0 when stderr is a terminal; else a log line per log_every
+    # a bar on rank 0 when stderr is a terminal; else a log line per log_every
+    progress: bool = field(default=True, metadata={"resume": "routine"})
     record_windows: bool = False  # debug: log a hash of every training window per rank (data audits)
     skip_spikes: bool = False  # skip the update when loss or grad norm > mean + k·σ of the last steps
     spike_window: int = 128  # steps in the rolling mean and σ (OLMo-core's rule)

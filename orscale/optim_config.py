@@ -29,7 +29,7 @@ class OptimConfig:
     own options by section name (`optim.muon`, `optim.wsd`, ...), read by launch/config.py; a
     section left out is its defaults (`own`)."""
 
-    name: str = "adamw"
+    name: str = field(default="adamw", metadata={"resume": "fixed"})
     lr: float = 1e-3  # the peak LR of the hidden matrices (every parameter's unless adamw_lr is set)
     weight_decay: float = 0.1
     # The AdamW group's peak LR and decay (null: optim.lr / weight_decay, the tied protocol); for adamw
@@ -39,7 +39,8 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's
     eps: float = 1e-8  # AdamW's
     exempt_norms_and_embeddings: bool = False  # no decay on norm gains / embeddings
-    fused: str = "auto"  # AdamW's implementation: auto (fused on CUDA, foreach elsewhere) | fused | foreach
+    # AdamW's implementation: auto (fused on CUDA, foreach elsewhere) | fused | foreach
+    fused: str = field(default="auto", metadata={"resume": "routine"})
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     # The LR schedule (a name of orscale.registry.SCHEDULES): warmup_steps of linear warmup, then the
     # schedule's shape down to min_lr_ratio of the peak.

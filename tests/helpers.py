@@ -30,7 +30,7 @@ SMALL = [
     "optim.warmup_steps=3",
     "train.log_every=1",
     "data.logical_shards=4",
-    "optim.ns_dtype=fp32",
+    "optim.muon.ns_dtype=fp32",
 ]
 
 
@@ -52,7 +52,7 @@ MINI_LADDER = {
     "train.eval_every": 2,
     "train.progress": False,
     "optim.warmup_steps": 2,
-    "optim.ns_dtype": "fp32",
+    "optim.muon.ns_dtype": "fp32",
     "parallel.backend": "none",
 }
 

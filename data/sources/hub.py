@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from data.data_config import DataConfig
@@ -28,7 +28,8 @@ class HubOptions:
 
     section: ClassVar[str] = "hub"
 
-    subset: str | None = None  # the dataset's config name, e.g. sample-10BT
+    # the dataset's config name, e.g. sample-10BT
+    subset: str | None = field(default=None, metadata={"resume": "fixed"})
     split: str = "train"
     revision: str | None = None  # branch, tag or commit (None: main); pin the commit a long run logs
     retries: int = 10

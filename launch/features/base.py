@@ -28,8 +28,6 @@ class Feature:
     # Its own config section, `train.<Options.section>` in YAML: a dataclass that checks itself on
     # construction, composed into `train:` by launch/config.py. None: it reads the shared sections only.
     Options: ClassVar[type[Any] | None] = None
-    # Whether it only observes the run (a resume that changes its section is still the same run).
-    observes_only: ClassVar[bool] = False
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg

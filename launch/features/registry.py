@@ -49,8 +49,3 @@ def build_features(cfg: Config) -> list[Feature]:
 def feature_options() -> list[type[Any]]:
     """The options class of each feature that owns a config section (`train.<section>`)."""
     return [f.Options for _, f in FEATURES if f.Options is not None]
-
-
-def observed_sections() -> list[str]:
-    """The sections of the features that only observe the run (changing them on resume is routine)."""
-    return [f.Options.section for _, f in FEATURES if f.Options is not None and f.observes_only]

@@ -31,6 +31,7 @@ class SampleConfig:
     """`train.sample`: a generated sample logged every `every` steps."""
 
     section: ClassVar[str] = "sample"
+    resume_policy: ClassVar[str] = "routine"  # it reads the model; it changes nothing in training
     every: int = 0  # 0: never
     prompt: str = "The"
     max_new_tokens: int = 32
@@ -75,7 +76,6 @@ def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
 
 class Sample(Feature):
     Options = SampleConfig
-    observes_only = True  # it reads the model; it changes nothing in training
 
     @classmethod
     def enabled(cls, cfg: Config) -> bool:

@@ -16,9 +16,8 @@ from typing import Any
 import yaml
 
 from launch.checkpoint import FORMAT, check_loadable, find_checkpoint, newest_intact_checkpoint
-from launch.config import config_from_tree
-from launch.errors import ConfigError
-from launch.features.registry import observed_sections
+from launch.config import config_from_tree, recorded, resume_keys
+from launch.errors import USER_ERRORS, ConfigError
 from launch.nested import flatten
 from launch.run.run_dir import RunDir, StepLines, continue_at, strict_json
 from launch.train_config import RunConfig
@@ -28,22 +27,11 @@ from records.read import read_metrics
 
 log = logging.getLogger("orscale")
 
-# A change here makes the checkpoint meaningless for this run: refuse.
-_DATA = "source subset data_files text_field seq_len val_tokens logical_shards piece_bytes shuffle shuffle_buffer seed"
-MUST_MATCH = ("model", "tokenizer", "config.optim.name", *(f"config.data.{k}" for k in _DATA.split()))
-# Changing these is routine (log more often, read ahead further): still the same run, and no warning.
-QUIET = (
-    "config.run.",
-    *(f"config.train.{k}" for k in ("log_every", "eval_every", "ckpt_every", "ckpt_at", "progress")),
-    "config.train.profile.",  # traces and snapshots observe the run; they change nothing in it
-    "config.train.memory_snapshot.",
-    *(f"config.train.{section}." for section in observed_sections()),  # features that only observe
-    *(f"config.data.{k}" for k in ("encode_batch_docs", "val_batch_size", "prefetch_steps")),
-    "config.eval.",  # downstream evaluation reads the model; it changes nothing in training
-    "config.parallel.compile",
-    "config.optim.fused",  # AdamW's kernel (equal within 1e-6); `auto` is now recorded resolved
-    "config.parallel.reshard_after_forward",
-)
+# A change here makes the checkpoint meaningless for this run: refuse. Changing the QUIET ones is routine
+# (log more often, read ahead further): still the same run, and no warning. The sections declare both
+# (launch.config.resume_keys).
+MUST_MATCH = ("model", "tokenizer", *resume_keys("fixed"))
+QUIET = resume_keys("routine")
 # Still the same run (extend it), but a resume lists it among the changed settings: max_steps moves the
 # end of the LR schedule, so the resumed steps get other LRs than the checkpoint's run would have.
 HARMLESS = (*QUIET, "config.train.max_steps")
@@ -58,6 +46,10 @@ def same_run(run: RunDir, resolved: dict[str, Any]) -> bool:
     except yaml.YAMLError:
         return False
     if not isinstance(saved, dict):
+        return False
+    try:
+        saved = recorded(saved)  # a run directory of an earlier format reads as this one records it
+    except USER_ERRORS:
         return False
     old, new = flatten({"config": saved}), flatten({"config": resolved})
     return all(old.get(k) == new.get(k) or any(k.startswith(h) for h in HARMLESS) for k in set(old) | set(new))
@@ -161,8 +153,10 @@ def refuse_incompatible(saved: dict[str, Any], current: dict[str, Any]) -> tuple
             f"(this one reads {FORMAT}: data addressed by piece and row); its weights still export "
             "(python -m launch.export); start a new run.dir"
         )
-    recorded = ("model", "tokenizer", "config")
-    old, new = flatten({k: saved.get(k) for k in recorded}), flatten({k: current.get(k) for k in recorded})
+    parts = ("model", "tokenizer", "config")
+    # a checkpoint of an earlier format reads as this one records its config
+    saved = {**saved, "config": recorded(saved.get("config") or {})}
+    old, new = flatten({k: saved.get(k) for k in parts}), flatten({k: current.get(k) for k in parts})
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     fatal = [k for k in changed if any(k == m or k.startswith(m + ".") for m in MUST_MATCH)]
     if fatal:
