@@ -1,5 +1,5 @@
 """`eval.tasks`: downstream tasks scored on the live model at the validation steps, every rank
-(launch/evaluation/downstream.py), written to metrics.jsonl with a summary line per task."""
+(launch/evaluation/tasks.py), written to metrics.jsonl with a summary line per task."""
 
 from __future__ import annotations
 

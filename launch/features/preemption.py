@@ -1,5 +1,5 @@
 """SIGTERM/SIGINT (preemption, Ctrl-C): every rank stops at the same step, one step after the signal,
-with a checkpoint, and the run exits 0 (launch/runtime/preemption.py's StopFlag agrees on it)."""
+with a checkpoint, and the run exits 0 (launch/runtime/stop_flag.py's StopFlag agrees on it)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from launch.features.base import Feature
-from launch.runtime.preemption import StopFlag
+from launch.runtime.stop_flag import StopFlag
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer

@@ -1,12 +1,12 @@
 """What a run says while it trains, on rank 0: a progress bar on a terminal (`train.progress`), else one
-line per logging step (launch/run/progress.py)."""
+line per logging step (launch/run/progress_bar.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from launch.features.base import Feature
-from launch.run.progress import Progress
+from launch.run.progress_bar import Progress
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer

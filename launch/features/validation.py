@@ -1,5 +1,5 @@
 """The validation loss on the fixed validation windows every `train.eval_every` steps and at the last
-step (launch/evaluation/validation.py), written to metrics.jsonl and logged; evaluation time is left
+step (launch/evaluation/val_loss.py), written to metrics.jsonl and logged; evaluation time is left
 out of the training throughput."""
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ from launch.errors import ConfigError
 from launch.features import build_features
 from launch.run.lock import RunLock
 from launch.run.meter import StepMeter
-from launch.run.profiling import check_memory_snapshot
 from launch.run.provenance import git_commit
 from launch.run.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.run.run_dir import RunDir
 from launch.run.setup import _accum_steps, check_config, step_shape
+from launch.run.traces import check_memory_snapshot
 from launch.run.train_state import TrainState
 from launch.runtime.console import setup_logging
 from launch.runtime.process_group import (
