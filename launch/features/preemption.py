@@ -19,6 +19,7 @@ class Preemption(Feature):
     """The stop flag (signal handlers and its gloo group), from the first step to the last. The
     reader-failure feature agrees on a failed read on the same group (`flag`)."""
 
+    name = "preemption"
     _flag: StopFlag | None = None
 
     def start(self, trainer: Trainer) -> None:
@@ -38,4 +39,3 @@ class Preemption(Feature):
 
     def finish(self, trainer: Trainer) -> None:
         self.flag.restore()
-        trainer.stopped = self.flag.raised

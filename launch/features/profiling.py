@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 class Profiling(Feature):
     """The launch's StepTracing, stepped after every step (every rank)."""
 
+    name = "profiling"
+    # A traced step ends with its update, before the training line's collectives and host syncs.
+    before = ("metrics",)
     tracing: StepTracing | None = None
 
     def start(self, trainer: Trainer) -> None:

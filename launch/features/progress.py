@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 
 class ProgressReport(Feature):
+    name = "progress"
+    after = ("divergence",)  # a diverged step's line is never printed: the check raises first
     progress: Progress | None = None
 
     def start(self, trainer: Trainer) -> None:
@@ -28,5 +30,8 @@ class ProgressReport(Feature):
             self.progress.update(step)
 
     def finish(self, trainer: Trainer) -> None:
+        self.close()
+
+    def close(self) -> None:  # also after an error: the bar gives the terminal back
         if self.progress is not None:
             self.progress.close()

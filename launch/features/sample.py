@@ -74,6 +74,8 @@ def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
 
 
 class Sample(Feature):
+    name = "sample"
+    after = ("downstream", "validation")  # a step's sample follows its evaluation in the log
     Options = SampleConfig
     observes_only = True  # it reads the model; it changes nothing in training
 

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 class StallWatching(Feature):
     """The watcher thread, beaten when each step begins (its read, evaluation and checkpoint included)."""
 
+    name = "stall_watch"
+    before = ("preemption",)  # watching from the start: the stop flag's collective set-up included
+
     watch: StallWatch | None = None
 
     @classmethod
