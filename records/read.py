@@ -162,6 +162,8 @@ def _earlier_end(data: bytes, end: int) -> int:
     lines had a kind, resumed after) all come before, as the trainer appends."""
     if data.startswith(_KIND_FIRST):
         return 0
+    if not data.startswith(_KIND_FIRST, data.rfind(b"\n", 0, end - 1) + 1 if end > 1 else 0):
+        return end  # not even the last line says its kind: none does
     found = data.find(b"\n" + _KIND_FIRST, 0, end)
     return end if found == -1 else found + 1
 
@@ -172,10 +174,11 @@ def _line_at(data: bytes, start: int, end: int) -> tuple[bytes, int]:
     return data[start:stop], stop
 
 
-def _lines_of_kind(data: bytes, kind: str, end: int) -> list[tuple[bytes, dict | None]]:
+def _lines_of_kind(data: bytes, kind: str, earlier: int, end: int) -> list[tuple[bytes, dict | None]]:
     """The lines of `kind` before `end`, each with its record (None: it does not parse), found by a
-    byte search: `"kind": "<kind>"`, and the earlier format's mark of the kind in the lines before."""
-    earlier, found = _earlier_end(data, end), []
+    byte search: `"kind": "<kind>"`, and the earlier format's mark of the kind before `earlier`
+    (`_earlier_end`)."""
+    found = []
     marks = ((0, earlier, dict(EARLIER_FORMAT_MARKS).get(kind)), (earlier, end, b'"kind": "%s"' % kind.encode()))
     for start, stop, mark in marks:
         if mark is None:  # a kind the earlier format did not have
@@ -190,12 +193,13 @@ def _lines_of_kind(data: bytes, kind: str, end: int) -> list[tuple[bytes, dict |
     return found
 
 
-def _other_kinds(data: bytes, end: int) -> dict[str, dict]:
-    """The last record of each kind read_run does not read itself, by kind."""
+def _other_kinds(data: bytes, start: int, end: int) -> dict[str, dict]:
+    """The last record of each kind read_run does not read itself, by kind, from `start` on (the
+    lines that say their kind: the earlier format had no other kinds)."""
     last: dict[str, int] = {}
-    if first := _OTHER_AT_START.match(data, 0, end):
-        last[first.group(1).decode()] = 0
-    for match in _OTHER_AFTER_NEWLINE.finditer(data, 0, end):
+    if first := _OTHER_AT_START.match(data, start, end):
+        last[first.group(1).decode()] = start
+    for match in _OTHER_AFTER_NEWLINE.finditer(data, start, end):
         last[match.group(1).decode()] = match.start() + 1
     records = {kind: _loads(_line_at(data, start, end)[0]) for kind, start in last.items()}
     return {kind: obj for kind, obj in sorted(records.items()) if obj is not None}
@@ -209,7 +213,8 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
         if _loads(data[cut:]) is None:
             run.torn, end = True, cut
     evals: dict[int, dict] = {}
-    for _, obj in _lines_of_kind(data, "val", end):
+    earlier = _earlier_end(data, end)
+    for _, obj in _lines_of_kind(data, "val", earlier, end):
         if obj is None or not isinstance(obj.get("step"), int):
             run.bad_lines += 1
         else:
@@ -243,7 +248,7 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
                 run.last_train = _slim(obj)
             break
         stop = start
-    run.other_kinds = _other_kinds(data, end)
+    run.other_kinds = _other_kinds(data, earlier, end)
 
 
 def read_run(path: Path, expected_steps: int | None = None) -> RunRecord:
@@ -324,7 +329,8 @@ def _records_of_kind(path: Path, kind: str) -> tuple[dict, ...]:
         data = path.read_bytes()
     except OSError:
         return ()
-    return tuple(obj for _, obj in _lines_of_kind(data, kind, len(data)) if _has_step(obj))
+    found = _lines_of_kind(data, kind, _earlier_end(data, len(data)), len(data))
+    return tuple(obj for _, obj in found if _has_step(obj))
 
 
 def _has_step(obj: dict | None) -> TypeGuard[dict]:
