@@ -57,7 +57,7 @@ class _Recorder:
     def install(self) -> None:
         from launch.checkpoint.async_writer import BackgroundWrite
         from launch.features.checkpointing import Checkpointing
-        from launch.run.profiling import StepTracing
+        from launch.run.traces import StepTracing
 
         rec, step_of_tracing, save, run_write = self, StepTracing.step, Checkpointing.write, BackgroundWrite._run
 

@@ -63,7 +63,7 @@ class RunConfig:
 @dataclass
 class ProfileConfig:
     """`train.profile`: torch.profiler traces of windows of steps, one chrome trace per rank and window
-    (launch/run/profiling.py). The window is torch.profiler.schedule's, counted in this launch's steps."""
+    (launch/run/traces.py). The window is torch.profiler.schedule's, counted in this launch's steps."""
 
     resume_policy: ClassVar[str] = "routine"  # traces observe the run; they change nothing in it
 
@@ -84,7 +84,7 @@ class ProfileConfig:
 @dataclass
 class MemorySnapshotConfig:
     """`train.memory_snapshot` (CUDA only): the allocator's history over a window of this launch's steps,
-    dumped for pytorch.org/memory_viz, and on an out-of-memory error (launch/run/profiling.py)."""
+    dumped for pytorch.org/memory_viz, and on an out-of-memory error (launch/run/traces.py)."""
 
     resume_policy: ClassVar[str] = "routine"  # snapshots observe the run
 
@@ -126,7 +126,7 @@ class TrainConfig:
     wandb: bool = False  # mirror metrics.jsonl to Weights & Biases in offline mode (needs wandb)
     on_save_error: str = "stop"  # a checkpoint that cannot be written: stop (non-zero exit) | continue (retry later)
     # Every thread's stack on stderr while a step has run this long without finishing, and again each
-    # interval while it lasts (a data read that never returns; 0: off). launch/runtime/stall_watch.py
+    # interval while it lasts (a data read that never returns; 0: off). launch/runtime/stack_dumps.py
     stall_dump_s: float = 300.0
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     memory_snapshot: MemorySnapshotConfig = field(default_factory=MemorySnapshotConfig)

@@ -1,12 +1,13 @@
 """The trainer: the components of a run (engine, data, run directory, checkpointer, the step's meter)
 and its loop features (launch/features/), and ONE loop for every backend: read, step, then the
-features' hooks (log, evaluate, stop, save). `launch.run.build.build_trainer` assembles one from the
-config; `launch.loop.train` runs it."""
+features' hooks (log, evaluate, stop, save). Every metrics.jsonl line goes through `Trainer.record`.
+`launch.run.build.build_trainer` assembles one from the config; `launch.loop.train` runs it."""
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +33,8 @@ from orscale.registry import scheduled_lr
 log = logging.getLogger("orscale")
 
 F = TypeVar("F", bound=Feature)
+# A record's kind: a plain name (metrics.jsonl's readers find `"kind": "<kind>"` by its bytes).
+_KIND = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(kw_only=True, eq=False)
@@ -39,7 +42,8 @@ class Trainer:
     """A built run. `meter` is the step's one loss accumulator (and the logging window); `meta` what
     every checkpoint records (config, commit, model, tokenizer); `val` the fixed validation windows
     [n, seq_len + 1]. The loop's own state: `running` (the step now running, 0 before the first),
-    `lr` and `grad_norm` (of the latest step), and what the last line reports."""
+    `lr` and `grad_norm` (of the latest step: the step sets them, the features read them), and the
+    last record of each kind this launch wrote (`last`)."""
 
     cfg: Config
     env: DistEnv
@@ -59,9 +63,7 @@ class Trainer:
     running: int = 0
     lr: float = math.nan
     grad_norm: Any = math.nan
-    last_train_loss: float = math.nan
-    last_val: tuple[float, int | None] = (math.nan, None)  # (loss, step) of this launch's last validation
-    stopped: str = ""  # why the loop stopped before train.max_steps: "by a signal", "on a failed data read"
+    _last: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def fit(self) -> dict[str, Any]:
@@ -72,6 +74,7 @@ class Trainer:
         return self._loop()
 
     def _loop(self) -> dict[str, Any]:
+        stopped = ""  # why the loop ended before train.max_steps: a feature's reason
         while self.state.step < self.cfg.train.max_steps:
             step = self.running = self.state.step + 1
             self.each("before_step", step)
@@ -81,16 +84,17 @@ class Trainer:
             self.each("after_step", step)
             self.each("evaluate", step)
             self.each("end_step", step)
-            if any(self.each("should_stop", step)):
+            if stopped := next((why for why in self.each("should_stop", step) if why), ""):
                 self.save(wait=True)  # after the write in flight (run.async_save), and before the exit
                 break
             self.each("save", step)
         self.each("finish")
-        last_val, step = self.last_val, self.state.step
-        val = f"{last_val[0]:.4f} (step {last_val[1]})" if last_val[1] is not None else "not evaluated in this launch"
-        how = f"stopped {self.stopped}" if self.stopped else "done"
-        log.info("%s at step %d: last train loss %.4f, last val loss %s", how, step, self.last_train_loss, val)
-        return {"step": step, "last_train_loss": self.last_train_loss, "val_loss": last_val[0]}
+        step, train, val = self.state.step, self.last("train") or {}, self.last("val")
+        train_loss, val_loss = train.get("train_loss", math.nan), val["val_loss"] if val else math.nan
+        val_text = f"{val_loss:.4f} (step {val['step']})" if val else "not evaluated in this launch"
+        how = f"stopped {stopped}" if stopped else "done"
+        log.info("%s at step %d: last train loss %.4f, last val loss %s", how, step, train_loss, val_text)
+        return {"step": step, "last_train_loss": train_loss, "val_loss": val_loss}
 
     def _read(self, step: int) -> Tensor:
         """This rank's share of the step, read ahead in the background; every rank learns of a rank's
@@ -118,8 +122,26 @@ class Trainer:
         self.state.tokens += t.tokens_per_step
         self.meter.end_step(self.state.step, self.grad_norm, t.tokens_per_step, self.loader.take_wait_s())
 
+    def record(self, kind: str, values: dict[str, Any]) -> dict[str, Any]:
+        """One metrics.jsonl line that says what it is: `{"kind": kind, "step", "tokens", **values}` at
+        the step just done ("train", "val", "eval", or a feature's own kind, its name), written by rank
+        0 (and mirrored), kept on every rank as the last of its kind (`last`). Returns the line."""
+        if not _KIND.fullmatch(kind):
+            raise ValueError(f"a metrics record's kind is a plain name ([a-z][a-z0-9_]*), got {kind!r}")
+        if clash := sorted({"kind", "step", "tokens"} & values.keys()):
+            raise ValueError(f"a {kind!r} record's values hold {clash}, which the trainer writes itself")
+        line = {"kind": kind, "step": self.state.step, "tokens": self.state.tokens, **values}
+        self.run_dir.write(line)
+        self._last[kind] = line
+        return line
+
+    def last(self, kind: str) -> dict[str, Any] | None:
+        """The last record of `kind` this launch wrote (None before the first)."""
+        return self._last.get(kind)
+
     def each(self, hook: str, *args: Any) -> list[Any]:
-        """Call `hook(self, *args)` on every feature, in the registry's order; their answers."""
+        """Call `hook(self, *args)` on every feature, in their declared order (launch/features/registry.py);
+        their answers."""
         return [getattr(feature, hook)(self, *args) for feature in self.features]
 
     def feature(self, kind: type[F]) -> F:

@@ -7,6 +7,10 @@
   of ~3 KB (the `diag/...` keys) but only ~20 evaluation lines, so this reader never parses every
   line: it finds the evaluation lines with a byte search and json-parses a few evenly spaced
   training lines (enough for throughput medians and diagnostic curves).
+
+A metrics.jsonl line says what it is: its first key, `"kind"` ("train", "val", "eval", or a loop
+feature's own), which the byte searches look for (`"kind": "val"`). Lines written before lines had
+one come first in a file (the trainer appends) and are read by one rule, `earlier_format_kind`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -29,6 +33,13 @@ TRAIN_KEYS = tuple(
     "step tokens tokens_per_s mfu mfu_causal peak_mem_gib data_wait_frac params non_embedding_params "
     "chinchilla_multiple diag/all/r diag/all/cum_frac_rmax diag/all/frac_rmin".split()
 )
+# The kinds read_run reads itself; the last record of any other kind (a loop feature's own) is kept whole.
+KINDS_READ = ("train", "val", "eval")
+_KIND_FIRST = b'{"kind": "'  # how a line that says its kind begins (launch.trainer.Trainer.record)
+_OTHER_KIND = rb'\{"kind": "(?!(?:' + b"|".join(k.encode() for k in KINDS_READ) + rb')")([a-z][a-z0-9_]*)"'
+_OTHER_AT_START, _OTHER_AFTER_NEWLINE = re.compile(_OTHER_KIND), re.compile(rb"\n" + _OTHER_KIND)
+# Lines of the earlier format (no "kind"): the bytes that marked each kind but training, which had none.
+EARLIER_FORMAT_MARKS = (("val", b'"val_loss"'), ("eval", b'"eval/'))
 _COMMIT = re.compile(r"git commit (\S+)")
 _SETUP = re.compile(r"setup: (\{.*\})\s*$", re.M)
 # config.yaml is the trainer's yaml.safe_dump, which PyYAML's safe loader reads back exactly.
@@ -79,6 +90,7 @@ class RunRecord:
     evals: list[dict] = field(default_factory=list)  # eval lines, sorted by step, one per step
     train: list[dict] = field(default_factory=list)  # sampled training lines (TRAIN_KEYS only)
     last_train: dict | None = None
+    other_kinds: dict[str, dict] = field(default_factory=dict)  # kind -> its last record (a feature's own)
     torn: bool = False  # the last line of metrics.jsonl is an incomplete write
     bad_lines: int = 0  # unparseable lines other than a torn last one
     problem: str | None = None  # why the run is not finished (None: finished)
@@ -128,9 +140,32 @@ def _slim(obj: dict) -> dict:
     return {k: obj[k] for k in TRAIN_KEYS if k in obj}
 
 
-def _not_training(line: bytes) -> bool:
-    """An evaluation line: validation loss, or downstream accuracies (`eval/<task>/...`)."""
-    return b'"val_loss"' in line or b'"eval/' in line
+def earlier_format_kind(line: bytes) -> str:
+    """The kind of a metrics.jsonl line of the earlier format, which had no "kind": "val" if it holds
+    `val_loss`, "eval" if it holds `eval/<task>/<key>` numbers, else "train"."""
+    return next((kind for kind, mark in EARLIER_FORMAT_MARKS if mark in line), "train")
+
+
+def line_kind(line: bytes, record: dict | None = None) -> str:
+    """What a metrics.jsonl line is: its "kind" (of `record`, the line parsed, or the line's first
+    key when it does not parse), else `earlier_format_kind`."""
+    kind = record.get("kind") if record is not None else None
+    if isinstance(kind, str):
+        return kind
+    if line.startswith(_KIND_FIRST) and (stop := line.find(b'"', len(_KIND_FIRST))) != -1:
+        return line[len(_KIND_FIRST) : stop].decode(errors="replace")
+    return earlier_format_kind(line)
+
+
+def _earlier_end(data: bytes, end: int) -> int:
+    """Where the lines that say their kind begin: the lines of the earlier format (a run begun before
+    lines had a kind, resumed after) all come before, as the trainer appends."""
+    if data.startswith(_KIND_FIRST):
+        return 0
+    if not data.startswith(_KIND_FIRST, data.rfind(b"\n", 0, end - 1) + 1 if end > 1 else 0):
+        return end  # not even the last line says its kind: none does
+    found = data.find(b"\n" + _KIND_FIRST, 0, end)
+    return end if found == -1 else found + 1
 
 
 def _line_at(data: bytes, start: int, end: int) -> tuple[bytes, int]:
@@ -139,23 +174,51 @@ def _line_at(data: bytes, start: int, end: int) -> tuple[bytes, int]:
     return data[start:stop], stop
 
 
+def _lines_of_kind(data: bytes, kind: str, earlier: int, end: int) -> list[tuple[bytes, dict | None]]:
+    """The lines of `kind` before `end`, each with its record (None: it does not parse), found by a
+    byte search: `"kind": "<kind>"`, and the earlier format's mark of the kind before `earlier`
+    (`_earlier_end`)."""
+    found = []
+    marks = ((0, earlier, dict(EARLIER_FORMAT_MARKS).get(kind)), (earlier, end, b'"kind": "%s"' % kind.encode()))
+    for start, stop, mark in marks:
+        if mark is None:  # a kind the earlier format did not have
+            continue
+        pos = data.find(mark, start, stop)
+        while pos != -1:
+            line, line_end = _line_at(data, data.rfind(b"\n", 0, pos) + 1, end)
+            obj = _loads(line)
+            if line_kind(line, obj) == kind:
+                found.append((line, obj))
+            pos = data.find(mark, line_end, stop)
+    return found
+
+
+def _other_kinds(data: bytes, start: int, end: int) -> dict[str, dict]:
+    """The last record of each kind read_run does not read itself, by kind, from `start` on (the
+    lines that say their kind: the earlier format had no other kinds)."""
+    last: dict[str, int] = {}
+    if first := _OTHER_AT_START.match(data, start, end):
+        last[first.group(1).decode()] = start
+    for match in _OTHER_AFTER_NEWLINE.finditer(data, start, end):
+        last[match.group(1).decode()] = match.start() + 1
+    records = {kind: _loads(_line_at(data, start, end)[0]) for kind, start in last.items()}
+    return {kind: obj for kind, obj in sorted(records.items()) if obj is not None}
+
+
 def _sample_metrics(run: RunRecord, data: bytes) -> None:
-    """Fill run.evals / run.train / run.last_train / run.torn from metrics.jsonl's bytes."""
+    """Fill run.evals / run.train / run.last_train / run.other_kinds / run.torn from metrics.jsonl's bytes."""
     end = len(data)
     if data and not data.endswith(b"\n"):  # every write ends in a newline: the tail is torn
         cut = data.rfind(b"\n") + 1
         if _loads(data[cut:]) is None:
             run.torn, end = True, cut
     evals: dict[int, dict] = {}
-    pos = data.find(b'"val_loss"', 0, end)
-    while pos != -1:
-        line, stop = _line_at(data, data.rfind(b"\n", 0, pos) + 1, end)
-        obj = _loads(line)
+    earlier = _earlier_end(data, end)
+    for _, obj in _lines_of_kind(data, "val", earlier, end):
         if obj is None or not isinstance(obj.get("step"), int):
             run.bad_lines += 1
         else:
             evals[obj["step"]] = obj  # a resumed run may repeat a step: the later line wins
-        pos = data.find(b'"val_loss"', stop, end)
     run.evals = [evals[s] for s in sorted(evals)]
 
     # Evenly spaced training lines by byte offset, then the last training line.
@@ -166,25 +229,26 @@ def _sample_metrics(run: RunRecord, data: bytes) -> None:
         starts.append(data.rfind(b"\n", 0, end - 1) + 1 if end > 1 else 0)
         for s in starts:
             line, _ = _line_at(data, s, end)
-            if not line.strip() or _not_training(line):
+            obj = _loads(line) if line.strip() else None
+            if not line.strip() or line_kind(line, obj) != "train":
                 continue
-            obj = _loads(line)
             if obj is None or not isinstance(obj.get("step"), int):
                 run.bad_lines += 1
                 continue
             samples[obj["step"]] = _slim(obj)
     run.train = [samples[s] for s in sorted(samples)]
-    # The last training line: walk back from the end past evaluation lines.
+    # The last training line: walk back from the end past the lines of other kinds.
     stop = end
     while stop > 0 and run.last_train is None:
         start = data.rfind(b"\n", 0, stop - 1) + 1 if stop > 1 else 0
         line = data[start:stop].strip()
-        if line and not _not_training(line):
-            obj = _loads(line)
+        obj = _loads(line) if line else None
+        if line and line_kind(line, obj) == "train":
             if obj is not None:
                 run.last_train = _slim(obj)
             break
         stop = start
+    run.other_kinds = _other_kinds(data, earlier, end)
 
 
 def read_run(path: Path, expected_steps: int | None = None) -> RunRecord:
@@ -258,21 +322,32 @@ def _lines(path: Path, needle: bytes) -> tuple[bytes, ...]:
     return tuple(line for line in data.split(b"\n") if needle in line)
 
 
-def _step_record(line: bytes) -> dict | None:
-    obj = _loads(line)
-    return obj if obj is not None and isinstance(obj.get("step"), int) else None
+@lru_cache(maxsize=512)
+def _records_of_kind(path: Path, kind: str) -> tuple[dict, ...]:
+    """The records of `kind` in a metrics.jsonl that carry a step (read once per file and kind)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ()
+    found = _lines_of_kind(data, kind, _earlier_end(data, len(data)), len(data))
+    return tuple(obj for _, obj in found if _has_step(obj))
+
+
+def _has_step(obj: dict | None) -> TypeGuard[dict]:
+    return obj is not None and isinstance(obj.get("step"), int)
 
 
 def diag_series(run: RunRecord) -> list[dict[str, Any]]:
     """Evenly spaced training records carrying `diag/<class>/<field>` (step, tokens, diag keys)."""
-    lines = _lines(run.path / "metrics.jsonl", b'"diag/')
+    # The kind from each line's first bytes: only the lines sampled are parsed.
+    lines = [line for line in _lines(run.path / "metrics.jsonl", b'"diag/') if line_kind(line) == "train"]
     if not lines:
         return []
     n, k = len(lines), min(DIAG_SAMPLES, len(lines))
     out: dict[int, dict] = {}
     for i in sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)} | {n - 1}):
-        obj = _step_record(lines[i])
-        if obj is not None:
+        obj = _loads(lines[i])
+        if _has_step(obj):
             out[obj["step"]] = {k: v for k, v in obj.items() if k in ("step", "tokens") or k.startswith("diag/")}
     return [out[s] for s in sorted(out)]
 
@@ -302,7 +377,7 @@ def read_downstream(run: RunRecord) -> dict[str, dict[str, Any]]:
         got = _from_json(path) if path is not None and path.is_file() else None
         if got:
             return got
-    records = [r for r in map(_step_record, _lines(run.path / "metrics.jsonl", b'"eval/')) if r and r["step"] == final]
+    records = [r for r in _records_of_kind(run.path / "metrics.jsonl", "eval") if r["step"] == final]
     out: dict[str, dict[str, Any]] = {}
     for key, value in (records[-1] if records else {}).items():
         parts = key.split("/")

@@ -5,7 +5,8 @@ report.md, summary.json and the figures only render:
 2. the data-efficiency multiplier over AdamW from AdamW's L(D) at one scale, with an interval;
 3. LR transfer across width: the best LR against d_model per optimizer, the fitted log-log slope;
 4. L(N) = E + A·N^−α per optimizer with parameter intervals, and the gap at each scale;
-then the protocols side by side and downstream accuracies.
+then the protocols side by side, downstream accuracies, and the last record of each kind a loop feature
+writes of its own (any kind: the report names none).
 
 Intervals on fitted quantities draw each point's mean from its t-distribution and refit
 (`stats.t_draws` + `stats.fit_power_law_batch`): with 2–3 seeds a resampling bootstrap has only a
@@ -63,6 +64,8 @@ class Report:
     protocols: list[dict[str, Any]] = field(default_factory=list)
     downstream: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)  # figure name -> the numbers it plots
+    # a loop feature's own kind -> run directory -> the numbers of the run's last record of that kind
+    records: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
 
     @property
     def n_tests(self) -> int:
@@ -120,7 +123,19 @@ def analyse(
     rep.scaling = _scaling(rep)
     rep.protocols = _protocols(rows)
     rep.downstream = _downstream(rows)
+    rep.records = other_records(root, runs)
     return rep
+
+
+def other_records(root: Path, runs: list[RunRecord]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """kind -> run directory (under `root`) -> the numbers (null: non-finite) of the run's last record
+    of that kind, for every kind a loop feature writes of its own (`RunRecord.other_kinds`)."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for run in runs:
+        for kind, record in run.other_kinds.items():
+            numbers = {k: v for k, v in record.items() if v is None or (isinstance(v, int | float) and k != "kind")}
+            out.setdefault(kind, {})[str(run.path.relative_to(root))] = numbers
+    return {kind: out[kind] for kind in sorted(out)}
 
 
 def _speedup(rows: list[Row], series: list[Row]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """report.md: the preamble, the top (report/headline.py), then the details: every group's final loss
-beside the paper's, LR sensitivity, curves, downstream accuracy, hyperparameters and the runs that
-did not finish. Every number comes from the `Report` (report/analysis.py)."""
+beside the paper's, LR sensitivity, curves, downstream accuracy, hyperparameters, the loop features'
+own records and the runs that did not finish. Every number comes from the `Report` (report/analysis.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from orscale.registry import find_optimizer
 from orscale.variants import VARIANTS
 from report import headline
 from report.analysis import Report
-from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, table
+from report.fmt import fmt_point, num, opt_name, order, provenance, short_commit, sig, table
 from report.runs import PAPER, REFS
 from report.stats import compare
 
@@ -59,7 +59,7 @@ def render(rep: Report, pngs: dict[str, str]) -> str:
     out += headline.render(rep, pngs) + _paper_table(rep) + _lr_sensitivity(rep, pngs)
     out += ["## Curves", "", f"![val loss vs tokens]({pngs['curves']})", ""]
     out += [f"![Muon-family diagnostics per matrix class]({pngs['diag']})", ""]
-    out += _downstream(rep, pngs) + _hyperparameters(rep) + _unfinished(rep)
+    out += _downstream(rep, pngs) + _hyperparameters(rep) + _other_records(rep) + _unfinished(rep)
     return "\n".join(out)
 
 
@@ -212,6 +212,17 @@ def _hyperparameters(rep: Report) -> list[str]:
         "",
     ]
     return out + table(["setting", "key", *[opt_name(n) for n in names]], body) + [""]
+
+
+def _other_records(rep: Report) -> list[str]:
+    """A table per kind of record a loop feature writes of its own: each run's last one."""
+    out = []
+    for kind, by_run in rep.records.items():
+        keys = list(dict.fromkeys(k for numbers in by_run.values() for k in numbers))
+        body = [[f"`{run}`", *(sig(numbers.get(k), 4) for k in keys)] for run, numbers in by_run.items()]
+        out += [f"## Records of kind `{kind}`", "", "Each run's last record of this kind (metrics.jsonl).", ""]
+        out += table(["run directory", *keys], body) + [""]
+    return out
 
 
 def _unfinished(rep: Report) -> list[str]:

@@ -83,6 +83,7 @@ def summary(rep: Report) -> dict[str, Any]:
         },
         "protocols": {e["row"].short: _protocols(e, root) for e in rep.protocols},
         "figures": rep.figures,
+        "records": rep.records,
         "pending": {p.sweep_id: p.status for p in rep.pending},
         "unfinished": {str(r.path.relative_to(root)): r.problem for r in rep.runs if not r.finished},
     }

@@ -7,7 +7,7 @@ The table goes to stdout, a progress bar to stderr, and a
 JSON file (settings, model provenance, the summaries and every example's log-likelihoods) to `--out`, by default
 `<run dir>/downstream/step_<N>.json` for a checkpoint and `<export dir>.downstream.json` beside an export: the rest
 in docs/evaluation.md, "On a checkpoint or an HF export". Scoring is `evals/`, the same code as the loop's in-run
-evaluation (`launch.evaluation.downstream`).
+evaluation (`launch.evaluation.tasks`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from evals import TASK_NAMES, DocResult, EvalConfig, format_table, load_task
 from evals.scoring import LogProbFn
 from evals.task_data import package_root
 from launch.errors import USER_ERRORS, UserError
-from launch.evaluation.downstream import Encode, forwards_per_rank, native_logprobs, prepare_tasks, score_prepared
 from launch.evaluation.offline_args import parse_args
+from launch.evaluation.tasks import Encode, forwards_per_rank, native_logprobs, prepare_tasks, score_prepared
 from launch.run.provenance import git_commit
 from launch.run.run_dir import strict_json
 from launch.runtime.process_group import DistEnv

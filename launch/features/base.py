@@ -1,8 +1,10 @@
 """The one interface of a loop feature: a concern of the training loop (metrics, validation, checkpoints,
 the stop signal, ...) in one class, called by `launch.trainer.Trainer` through the hooks below, each a
 no-op here. A feature decides itself when it acts (its own policy: `train.eval_every`, `train.ckpt_every`,
-...), holds what it builds, and gives it back in `close()`. The features run in the order of
-`launch.features.registry.FEATURES`, which is the order of their hooks' effects (log lines, records).
+...), holds what it builds, and gives it back in `close()`. Within each hook the features run in the
+order their declarations give (`after`, `before`; launch/features/registry.py), which is the order of
+their effects (log lines, records). Metrics go through `Trainer.record(kind, values)`, one
+metrics.jsonl line that says what it is; `Trainer.last(kind)` is the last of each kind.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ class Feature:
     last, `close` always (also after an error, and when `start` never ran). A feature is made from
     the run's config alone (cheap, nothing started): what it builds, it builds in `start`."""
 
+    # Its name: in other features' `after`/`before`, and the kind of the records it writes of its own.
+    name: ClassVar[str] = ""
+    # The features whose hooks run before this one's (`after`) or after them (`before`), by name, in
+    # every hook: named dependencies rather than an order key, so each says which effect it needs (and
+    # a feature that is not there, or a cycle, is an error when the registry is imported). A feature
+    # that adds to the training line from what it computes in `after_step` runs before "metrics".
+    after: ClassVar[tuple[str, ...]] = ()
+    before: ClassVar[tuple[str, ...]] = ()
     # Its own config section, `train.<Options.section>` in YAML: a dataclass that checks itself on
     # construction, composed into `train:` by launch/config.py. None: it reads the shared sections only.
     Options: ClassVar[type[Any] | None] = None
@@ -65,11 +75,11 @@ class Feature:
         """The update of step `step` is done."""
 
     def metrics(self, trainer: Trainer, step: int) -> dict[str, Any]:
-        """What this feature adds to a logging step's record (metrics.jsonl's training line)."""
+        """What this feature adds to a logging step's training record (metrics.jsonl's "train" line)."""
         return {}
 
     def log(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None:
-        """A logging step's record, as written."""
+        """A logging step's training record, as written (also `trainer.last("train")`)."""
 
     def evaluate(self, trainer: Trainer, step: int) -> None:
         """After the step's log: evaluate if this feature's policy says so."""
@@ -77,10 +87,11 @@ class Feature:
     def end_step(self, trainer: Trainer, step: int) -> None:
         """Step `step` has ended, its evaluation included."""
 
-    def should_stop(self, trainer: Trainer, step: int) -> bool:
-        """Whether the run stops after this step (the trainer then saves and leaves the loop). Called
-        on every feature, every step, on every rank: the answer must be the same on every rank."""
-        return False
+    def should_stop(self, trainer: Trainer, step: int) -> str:
+        """Why the run stops after this step ("by a signal"; the trainer then saves and leaves the loop),
+        or "" to go on. Called on every feature, every step, on every rank: the answer must be the same
+        on every rank."""
+        return ""
 
     def save(self, trainer: Trainer, step: int) -> None:
         """The end of a step that went on: checkpoint if this feature's policy says so."""

@@ -20,6 +20,10 @@ log = logging.getLogger("orscale")
 
 
 class Checkpointing(Feature):
+    """The `save` hook (the last of a step, after every feature's other hooks) and `Trainer.save`'s write."""
+
+    name = "checkpointing"
+
     def save(self, trainer: Trainer, step: int) -> None:
         t = self.cfg.train
         if step == t.max_steps or (t.ckpt_every and step % t.ckpt_every == 0) or step in t.ckpt_at:

@@ -81,6 +81,7 @@ class Divergence(Feature):
     """The check at each logging step (the loss was just read: one tiny all-reduce more) and, with
     `train.skip_spikes`, the spike guard the engine asks before each update (`skipped_steps` logged)."""
 
+    name = "divergence"
     spikes: SpikeGuard | None = None
 
     def start(self, trainer: Trainer) -> None:

@@ -1,5 +1,6 @@
 """`eval.tasks`: downstream tasks scored on the live model at the validation steps, every rank
-(launch/evaluation/downstream.py), written to metrics.jsonl with a summary line per task."""
+(launch/evaluation/tasks.py), an "eval" record in metrics.jsonl (`eval/<task>/<key>`) and a summary line
+per task in the log."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ log = logging.getLogger("orscale")
 
 
 class Downstream(Feature):
+    name = "downstream"
+    after = ("validation",)  # a step's task scores follow its validation loss (metrics.jsonl, the log)
+
     @classmethod
     def enabled(cls, cfg: Config) -> bool:
         return bool(cfg.eval.tasks)
@@ -32,6 +36,6 @@ class Downstream(Feature):
             scores = score_tasks(
                 engine.module, engine.autocast, trainer.tokenizer, cfg.eval, env, cfg.data.seq_len, compiled
             )
-            trainer.run_dir.write({"step": step, "tokens": trainer.state.tokens, **eval_metrics(scores)})
+            trainer.record("eval", eval_metrics(scores))
             for summary in scores.values():
                 log.info("step %d: eval %s", step, summary_line(summary))

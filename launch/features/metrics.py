@@ -1,10 +1,11 @@
-"""metrics.jsonl's training line (the keys: docs/running.md, `metrics.jsonl`) every `train.log_every`
-steps, at step 1 of a fresh run and at the last step: the step's LR and gradient norm, the meter's window
-(launch/run/meter.py), the data retries, the optimizer's diagnostics and what other features add."""
+"""metrics.jsonl's training record (kind "train"; the keys: docs/running.md, `metrics.jsonl`) every
+`train.log_every` steps, at step 1 of a fresh run and at the last step: the step's LR and gradient
+norm, the meter's window (launch/run/meter.py), the data retries, the optimizer's diagnostics and what
+other features add (their `metrics` hook)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 class Metrics(Feature):
     """Writes the record, then hands it to every feature's `log` (the check, the progress line)."""
 
+    name = "metrics"
+
     def after_step(self, trainer: Trainer, step: int) -> None:
         t, optim = self.cfg.train, self.cfg.optim
         # Step 1 of a fresh run, not the first of a resumed one: a resume writes the records the
@@ -25,9 +28,7 @@ class Metrics(Feature):
         if not (step % t.log_every == 0 or step in (t.max_steps, 1)):
             return
         retries = torch.tensor(float(trainer.loader.take_read_retries()), device=trainer.env.device)
-        record = {
-            "step": step,
-            "tokens": trainer.state.tokens,
+        values = {
             "lr": trainer.lr,
             "adamw_lr": trainer.lr * optim.adamw_lr_scale,  # the AdamW group's (embedding, head, norms)
             "grad_norm": float(trainer.grad_norm),
@@ -37,9 +38,5 @@ class Metrics(Feature):
             **trainer.engine.diagnostics(),
         }
         for added in trainer.each("metrics", step):
-            record.update(added)
-        trainer.run_dir.write(record)
-        trainer.each("log", step, record)
-
-    def log(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None:
-        trainer.last_train_loss = record["train_loss"]
+            values.update(added)
+        trainer.each("log", step, trainer.record("train", values))

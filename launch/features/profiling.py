@@ -1,5 +1,5 @@
 """`train.profile` and `train.memory_snapshot`: profiler traces and CUDA memory snapshots of windows of
-steps, and a snapshot before the one line of a step that ran out of GPU memory (launch/run/profiling.py).
+steps, and a snapshot before the one line of a step that ran out of GPU memory (launch/run/traces.py).
 Off (the default), its one call per step returns at once."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launch.features.base import Feature
-from launch.run.profiling import OutOfMemory, StepTracing
+from launch.run.traces import OutOfMemory, StepTracing
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer
@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 class Profiling(Feature):
     """The launch's StepTracing, stepped after every step (every rank)."""
 
+    name = "profiling"
+    # A traced step ends with its update, before the training line's collectives and host syncs.
+    before = ("metrics",)
     tracing: StepTracing | None = None
 
     def start(self, trainer: Trainer) -> None:

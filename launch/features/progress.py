@@ -1,18 +1,20 @@
 """What a run says while it trains, on rank 0: a progress bar on a terminal (`train.progress`), else one
-line per logging step (launch/run/progress.py)."""
+line per logging step (launch/run/progress_bar.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from launch.features.base import Feature
-from launch.run.progress import Progress
+from launch.run.progress_bar import Progress
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer
 
 
 class ProgressReport(Feature):
+    name = "progress"
+    after = ("divergence",)  # a diverged step's line is never printed: the check raises first
     progress: Progress | None = None
 
     def start(self, trainer: Trainer) -> None:
@@ -28,5 +30,8 @@ class ProgressReport(Feature):
             self.progress.update(step)
 
     def finish(self, trainer: Trainer) -> None:
+        self.close()
+
+    def close(self) -> None:  # also after an error: the bar gives the terminal back
         if self.progress is not None:
             self.progress.close()

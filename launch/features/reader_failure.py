@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
 
 class ReaderFailure(Feature):
-    """Agrees on a failed read on the stop flag's group (`Preemption`, registered before it)."""
+    """Agrees on a failed read on the stop flag's group (`Preemption`'s)."""
+
+    name = "reader_failure"
+    # The flag is made in Preemption.start and restored in its finish, before this finish raises.
+    after = ("preemption",)
 
     def read(self, trainer: Trainer, step: int, failure: Exception | None) -> None:
         # Every rank learns of a failed read here, before the step's collectives (where the others

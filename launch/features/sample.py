@@ -75,6 +75,8 @@ def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
 
 
 class Sample(Feature):
+    name = "sample"
+    after = ("downstream", "validation")  # a step's sample follows its evaluation in the log
     Options = SampleConfig
 
     @classmethod

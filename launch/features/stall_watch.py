@@ -1,12 +1,12 @@
 """`train.stall_dump_s`: while a step makes no progress for that long, one line naming the rank and the
-step, then every thread's stack (launch/runtime/stall_watch.py, docs/running.md "Hangs that end")."""
+step, then every thread's stack (launch/runtime/stack_dumps.py, docs/running.md "Hangs that end")."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from launch.features.base import Feature
-from launch.runtime.stall_watch import StallWatch
+from launch.runtime.stack_dumps import StallWatch
 
 if TYPE_CHECKING:
     from launch.config import Config
@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 class StallWatching(Feature):
     """The watcher thread, beaten when each step begins (its read, evaluation and checkpoint included)."""
+
+    name = "stall_watch"
+    before = ("preemption",)  # watching from the start: the stop flag's collective set-up included
 
     watch: StallWatch | None = None
 

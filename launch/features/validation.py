@@ -1,5 +1,5 @@
 """The validation loss on the fixed validation windows every `train.eval_every` steps and at the last
-step (launch/evaluation/validation.py), written to metrics.jsonl and logged; evaluation time is left
+step (launch/evaluation/val_loss.py), a "val" record in metrics.jsonl, and logged; evaluation time is left
 out of the training throughput."""
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ def evaluation_step(train: TrainConfig, step: int) -> bool:
 
 
 class Validation(Feature):
+    name = "validation"
+
     def evaluate(self, trainer: Trainer, step: int) -> None:
         if not evaluation_step(self.cfg.train, step):
             return
         with trainer.meter.paused():  # evaluation time is not training throughput
             loss = validation_loss(trainer.engine, trainer.val, self.cfg.data.val_batch_size, trainer.env)
-            trainer.last_val = (loss, step)
-            measured = {"val_loss": loss, "val_tokens": trainer.val[:, 1:].numel()}
-            trainer.run_dir.write({"step": step, "tokens": trainer.state.tokens, **measured})
+            trainer.record("val", {"val_loss": loss, "val_tokens": trainer.val[:, 1:].numel()})
             log.info("step %d: val_loss %.4f", step, loss)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 class WindowAuditing(Feature):
     """This rank's audit file, continued at the step the run starts from."""
 
+    name = "window_audit"
+    after = ("reader_failure",)  # it records the windows of a read every rank agreed on
     audit: WindowAudit | None = None
 
     @classmethod

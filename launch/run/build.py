@@ -20,10 +20,10 @@ from launch.errors import ConfigError
 from launch.plan import Plan
 from launch.run.lock import RunLock
 from launch.run.meter import StepMeter
-from launch.run.profiling import check_memory_snapshot
 from launch.run.provenance import git_commit
 from launch.run.resume import check_resume_compatible, find_resume_point, prepare_run_dir
 from launch.run.run_dir import RunDir
+from launch.run.traces import check_memory_snapshot
 from launch.run.train_state import TrainState
 from launch.runtime.console import setup_logging
 from launch.runtime.process_group import DistEnv, compute_dtype, init_distributed, rank0_decides, set_tf32

@@ -19,7 +19,8 @@ from evals import EvalConfig, load_task, score_batches
 from launch.checkpoint import Checkpointer
 from launch.checkpoint.dcp_state import ModelAndOptimizers
 from launch.config import to_dict
-from launch.evaluation.downstream import (
+from launch.evaluation.offline import main
+from launch.evaluation.tasks import (
     METRIC_KEYS,
     eval_metrics,
     native_logprobs,
@@ -27,7 +28,6 @@ from launch.evaluation.downstream import (
     score_tasks,
     summary_line,
 )
-from launch.evaluation.offline import main
 from launch.hf_export import export_hf
 from launch.plan import load_config
 from launch.runtime.process_group import DistEnv

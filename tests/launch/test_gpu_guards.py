@@ -170,7 +170,7 @@ def test_downstream_scoring_of_a_compiled_model_meets_at_most_four_shapes():
 
     from data import load_tokenizer
     from launch.engine.parallelize import build_model
-    from launch.evaluation.downstream import prepare_tasks, score_prepared
+    from launch.evaluation.tasks import prepare_tasks, score_prepared
     from launch.plan import load_config
     from models import get_preset
     from tests.helpers import BPE4K

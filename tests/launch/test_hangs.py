@@ -14,7 +14,7 @@ from launch.errors import ConfigError
 from launch.plan import load_config
 from launch.runtime import hangs
 from launch.runtime.hangs import CommFailure, comm_failure
-from launch.runtime.stall_watch import StallWatch
+from launch.runtime.stack_dumps import StallWatch
 from tests.helpers import SMALL, TINY, train_losses
 
 # What torch 2.13's gloo raises in the waiting rank (seen in the SIGSTOP test's runs).

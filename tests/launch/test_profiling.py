@@ -14,7 +14,7 @@ import torch
 from launch.errors import ConfigError
 from launch.plan import load_config
 from launch.run import cuda_memory
-from launch.run.profiling import StepTracing, check_memory_snapshot
+from launch.run.traces import StepTracing, check_memory_snapshot
 from tests.helpers import SMALL, TINY
 
 OOM_TEXT = (

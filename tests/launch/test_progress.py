@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-from launch.run import progress as progress_module
-from launch.run.progress import Progress
+from launch.run import progress_bar as progress_module
+from launch.run.progress_bar import Progress
 
 RECORD = {"step": 20, "train_loss": 5.4321, "lr": 3e-4, "grad_norm": 0.75, "tokens_per_s": 12345.6}
 RECORD |= {"mfu": 0.381, "mfu_causal": 0.356}

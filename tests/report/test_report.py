@@ -108,6 +108,19 @@ def test_unfinished_truncated_missing_and_diverged(tmp_path):
     assert "diverged" in md and "metrics.jsonl missing" in md and "config.yaml missing" in md
 
 
+def test_a_loop_features_own_records_appear_by_their_kind(tmp_path):
+    """Any kind of record a feature writes of its own: each run's last one, by kind, no rule per kind."""
+    tail = '{"kind": "weight_norms", "step": 5, "tokens": 320, "w/mean": 1.0}\n'
+    tail += '{"kind": "weight_norms", "step": 10, "tokens": 640, "w/mean": 1.5, "w/max": null, "note": "x"}\n'
+    fake_run(tmp_path / "a", losses=[3.0], tail=tail)
+    fake_run(tmp_path / "b", seed=1, losses=[3.1])
+    summary = report.build_report(tmp_path, tmp_path / "out")
+    assert summary["records"] == {"weight_norms": {"a": {"step": 10, "tokens": 640, "w/mean": 1.5, "w/max": None}}}
+    md = (tmp_path / "out/report.md").read_text()
+    section = md.split("## Records of kind `weight_norms`")[1].split("## ")[0]
+    assert "| run directory | step | tokens | w/mean | w/max |" in section and "| `a` | 10 | 640 | 1.5 | — |" in section
+
+
 def test_stats_agree_with_hand_computed_case():
     a, b = [3.0, 3.1, 3.2], [3.1, 3.25, 3.3]  # d = -0.1, -0.15, -0.1: mean -0.11667, sd 0.028868
     c = compare(dict(enumerate(a)), dict(enumerate(b)))
