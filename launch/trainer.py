@@ -74,7 +74,7 @@ class Trainer:
         return self._loop()
 
     def _loop(self) -> dict[str, Any]:
-        stopped = ""  # why the loop ended before train.max_steps: a feature's reason
+        stopped: bool | str = False  # whether (or why) the loop ended before train.max_steps
         while self.state.step < self.cfg.train.max_steps:
             step = self.running = self.state.step + 1
             self.each("before_step", step)
@@ -84,7 +84,7 @@ class Trainer:
             self.each("after_step", step)
             self.each("evaluate", step)
             self.each("end_step", step)
-            if stopped := next((why for why in self.each("should_stop", step) if why), ""):
+            if stopped := next((why for why in self.each("should_stop", step) if why), False):
                 self.save(wait=True)  # after the write in flight (run.async_save), and before the exit
                 break
             self.each("save", step)
@@ -92,7 +92,7 @@ class Trainer:
         step, train, val = self.state.step, self.last("train") or {}, self.last("val")
         train_loss, val_loss = train.get("train_loss", math.nan), val["val_loss"] if val else math.nan
         val_text = f"{val_loss:.4f} (step {val['step']})" if val else "not evaluated in this launch"
-        how = f"stopped {stopped}" if stopped else "done"
+        how = "done" if not stopped else f"stopped {stopped}" if isinstance(stopped, str) else "stopped"
         log.info("%s at step %d: last train loss %.4f, last val loss %s", how, step, train_loss, val_text)
         return {"step": step, "last_train_loss": train_loss, "val_loss": val_loss}
 

@@ -87,11 +87,11 @@ class Feature:
     def end_step(self, trainer: Trainer, step: int) -> None:
         """Step `step` has ended, its evaluation included."""
 
-    def should_stop(self, trainer: Trainer, step: int) -> str:
-        """Why the run stops after this step ("by a signal"; the trainer then saves and leaves the loop),
-        or "" to go on. Called on every feature, every step, on every rank: the answer must be the same
-        on every rank."""
-        return ""
+    def should_stop(self, trainer: Trainer, step: int) -> bool | str:
+        """Whether the run stops after this step (the trainer then saves and leaves the loop): False to go
+        on, else True or why ("by a signal", said in the run's last line). Called on every feature, every
+        step, on every rank: the answer must be the same on every rank."""
+        return False
 
     def save(self, trainer: Trainer, step: int) -> None:
         """The end of a step that went on: checkpoint if this feature's policy says so."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from launch.evaluation.downstream import eval_metrics, score_tasks, summary_line
+from launch.evaluation.tasks import eval_metrics, score_tasks, summary_line
 from launch.features.base import Feature
 from launch.features.validation import evaluation_step
 

@@ -33,10 +33,10 @@ class Preemption(Feature):
             raise RuntimeError("the stop flag is made when the run starts (Preemption.start)")
         return self._flag
 
-    def should_stop(self, trainer: Trainer, step: int) -> str:
+    def should_stop(self, trainer: Trainer, step: int) -> bool | str:
         self._stop = self.flag.agreed()
         if self._stop is None:
-            return ""
+            return False
         if self._stop.signal:
             log.warning("stop signal: saving a checkpoint at step %d and exiting", step)
         else:

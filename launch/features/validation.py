@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from launch.evaluation.validation import validation_loss
+from launch.evaluation.val_loss import validation_loss
 from launch.features.base import Feature
 from launch.train_config import TrainConfig
 

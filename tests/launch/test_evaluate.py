@@ -215,7 +215,7 @@ def test_loop_writes_eval_records(loop_runs):
     assert [r["step"] for r in records] == [1, 2]  # the validation steps (eval_every=1, and the last)
     keys = {f"eval/{t}/{k}" for t in ("arc_easy", "piqa") for k in METRIC_KEYS}
     for r in records:
-        assert set(r) == {"step", "tokens", *keys}
+        assert set(r) == {"kind", "step", "tokens", *keys} and r["kind"] == "eval"
         assert r["tokens"] == 512 * r["step"] and r["eval/piqa/n"] == N and r["eval/piqa/chance"] == 0.5
 
 
