@@ -420,7 +420,9 @@ def measure(
     fb, clip, step = (sum(ms(m[j], m[j + 1]) for m in stamps) / len(stamps) for j in range(3))
     flops = engine.model.flops_per_token(seq) * micro * seq  # attention non-causal (PaLM convention)
     causal = engine.model.flops_per_token(seq, causal=True) * micro * seq  # what flash attention executes
-    ran = optimizer_ran(getattr(engine, "optimizers", []), env.device)
+    # ZeRO: the MuonFamily its owner ranks step (orscale.distributed.zero keeps it as `_muon`).
+    optimizers = engine.optimizers if torch_engine else [getattr(engine.optimizer, "_muon", None)]
+    ran = optimizer_ran([o for o in optimizers if o is not None], env.device)
     shapes = [tuple(p.shape) for _, p in route_parameters(engine.model, cfg.optim).matrices]
     ns_executed, ns_model = ns_work(shapes, cfg.optim.ns_steps, ran["ns"])
     peak = peak_tflops(env.device)  # dense bf16 TFLOP/s of the device by name (None: unknown, or a CPU)

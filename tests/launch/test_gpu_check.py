@@ -359,3 +359,8 @@ def test_the_zero2_rows_run_deepspeed_on_the_cpu(tmp_path):
         ("zero2", o, "zero2") for o in ("adamw", "orscale_lm")
     ]
     assert all(r["tokens_per_s"] > 0 and r["opt_ms"] > 0 and r["clip_ms"] < 0.05 * r["opt_ms"] for r in got)
+    # what ran, read through DeepSpeed's wrapper too: the owners' Newton–Schulz on the CPU is torch's
+    assert [(r["attention_ran"], r["ns"], r["passes"]) for r in got] == [
+        ("flash", None, None),
+        ("flash", "matmul", "eager"),
+    ]
