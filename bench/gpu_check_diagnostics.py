@@ -1,5 +1,6 @@
-"""The device check of issue 43 (docs/gpu.md): profiler traces, memory snapshots, the out-of-memory line
-and background checkpoints on one GPU, with the CUDA calls real (the CPU tests replace them).
+"""The diagnostics' device check (docs/gpu.md, "Finding what is slow"): profiler traces, memory
+snapshots, the out-of-memory line and background checkpoints on one GPU, with the CUDA calls real
+(the CPU tests replace them).
 
     PYTHONPATH=. python3 -m bench.gpu_check_diagnostics --out DIR [--scratch DIR] [--device cuda|cpu]
 

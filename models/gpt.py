@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.centered_linear import CenteredLinear
 from models.fused_loss import chunked_token_losses, fused_linear_cross_entropy
@@ -83,6 +84,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # The SDPA kernels this layer may run, first choice first (empty: torch's own order). Entered
+    # inside forward, so a compiled graph traces the choice and is cached under it, not under
+    # whatever kernel a context around the call happened to pick when the graph was first made.
+    sdpa_backends: tuple[SDPBackend, ...] = ()
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
@@ -93,7 +99,11 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.sdpa_backends:
+            with sdpa_kernel(list(self.sdpa_backends), set_priority=True):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -20,7 +20,7 @@ from torch.profiler import record_function
 from launch.checkpoint.portable import check_checkpoint_layout
 from launch.errors import ConfigError
 from launch.parallel_config import ParallelConfig
-from launch.runtime.attention import attention_context
+from launch.runtime.attention import pin_attention
 from launch.runtime.process_group import DistEnv, all_reduce_sum
 from launch.train_config import TrainConfig
 from models import GPT, GPTConfig
@@ -60,9 +60,9 @@ class Engine(ABC):
         accum_steps: int,
     ) -> None:
         self.backend, self.env, self.dtype, self.accum_steps = backend, env, dtype, accum_steps
-        self.attention = train.attention  # the SDPA backend (launch/engine/attention.py)
         self._skip_update: Callable[[Tensor], bool] | None = None
         self._build(model_cfg, parallel, optim, train)
+        pin_attention(self.model, train.attention)  # inside the attention call, where compile traces it
         world = env.world_size
         average = (lambda t: all_reduce_sum(t).div_(world)) if world > 1 else None
         # CBP's M2 where the model centres a layer's input (orscale/cbp.py owns the step): one
@@ -85,13 +85,10 @@ class Engine(ABC):
         checkpoint_layout(path)
 
     def autocast(self) -> AbstractContextManager:
-        """What forward runs under (training and evaluation): autocast to the compute dtype and the
-        SDPA backend `train.attention` chose."""
-        stack = contextlib.ExitStack()
-        if self.dtype != torch.float32:
-            stack.enter_context(torch.autocast(self.env.device.type, dtype=self.dtype))
-        stack.enter_context(attention_context(self.attention))
-        return stack
+        """What forward runs under (training and evaluation): autocast to the compute dtype."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=self.dtype)
 
     def forward_backward(self, batch: Tensor, last_micro_batch: bool) -> Tensor:
         """Forward and backward of one micro-batch [B, T+1]; gradients are communicated only on the

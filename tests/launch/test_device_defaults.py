@@ -71,14 +71,21 @@ def test_attention_auto_takes_the_backend_measured_on_the_board(monkeypatch: pyt
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("backend, kernel", [("math", "math"), ("flash", "flash_attention_for_cpu")])
-def test_the_attention_context_picks_the_kernel(backend: str, kernel: str) -> None:
-    """On the CPU too: SDPA runs the named backend first (seen in the profiler's op names)."""
+def test_a_pinned_attention_layer_runs_the_named_kernel(backend: str, kernel: str) -> None:
+    """On the CPU too: SDPA runs the named backend first (seen in the profiler's op names), chosen by
+    the layer itself, with no context around the call; the global choice is left as it was."""
     from torch.profiler import profile
 
-    from launch.runtime.attention import attention_context
+    from launch.runtime.attention import attention_ran, pin_attention
+    from models.gpt import Attention, GPTConfig
 
-    q = torch.randn(1, 2, 16, 8)
-    with profile() as prof, attention_context(backend):
-        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    layer = Attention(GPTConfig(n_layer=1, d_model=16, n_head=2, max_seq_len=8, vocab_size=32))
+    pin_attention(layer, backend)
+    x, cos, sin = torch.randn(1, 8, 16), torch.ones(8, 8), torch.zeros(8, 8)
+    before = torch._C._get_sdp_priority_order()
+    with profile() as prof:
+        layer(x, cos, sin)
     names = {e.name for e in prof.events()}
     assert any(kernel in n for n in names), sorted(n for n in names if "attention" in n)
+    assert attention_ran(names) == backend
+    assert torch._C._get_sdp_priority_order() == before and torch.backends.cuda.flash_sdp_enabled()

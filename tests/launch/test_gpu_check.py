@@ -1,15 +1,20 @@
-"""The prepared device check (bench/gpu_check.py, issue 22): its arithmetic and report here; its CPU
-run end to end, as on the GPU image, where `datasets` and `deepspeed` are not installed."""
+"""The prepared device check (bench/gpu_check.py): its arithmetic, timetable and report here; what its
+rows say ran; its CPU run end to end, as on the GPU image, where `datasets` and `deepspeed` are not
+installed."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import math
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import gpu_ab as ga
 from bench import gpu_check as gc
@@ -177,19 +182,24 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
     cmd += ["--wheelhouse", str(tmp_path / "no-wheelhouse")]  # no DeepSpeed: its rows are not run
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md"]  # scratch is elsewhere
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.md", "logs"]  # scratch is elsewhere
     res = json.loads((out / "gpu_check.json").read_text())
     scratch = Path(res["scratch"])
     assert scratch.is_dir() and out not in scratch.parents and (scratch / "run" / "checkpoints").is_dir()
     shutil.rmtree(scratch)
-    phases = {"preflight", "throughput tiny", "a/b tiny", "newton-schulz a/b", "fsdp_vs_none", "zero2"}
-    phases |= {"prepare (background)", "realtext"}
-    assert set(res["phases"]) == phases
+    order = gp.phase_order(gp.CPU, zero2=False)
+    assert res["order"] == order and [n for n in res["phases"] if n in order] == order  # run in the planned order
+    assert set(res["phases"]) == {*order, "zero2", "prepare (background)"}
     assert res["phases"].pop("zero2")["status"] == "not run"  # and the check still passes
     assert all(p["status"] == "ok" for p in res["phases"].values())
+    for phase in res["phases"].values():  # every phase's full log comes back with the tables
+        assert (out / phase["log"]).is_file()
+    assert "done at step 4" in (out / res["phases"]["realtext"]["log"]).read_text()
     assert [r["variant"] for r in res["ab"]] == list(ga.CPU_AB) and all(r["tokens_per_s"] > 0 for r in res["ab"])
+    assert [r["attention_ran"] for r in res["ab"]] == ["flash", "math"]  # what each row asked for ran
     assert [(r["preset"], r["variant"]) for r in res["ns_ab"]] == [("tiny", v) for v in gp.CPU.ns_variants]
-    assert all(r["opt_ms"] > 0 and r["ns_tflop"] > 0 for r in res["ns_ab"])
+    assert all(r["opt_ms"] > 0 and r["ns_tflop_executed"] > 0 for r in res["ns_ab"])
+    assert {(r["ns"], r["passes"]) for r in res["ns_ab"]} == {("matmul", "eager")}  # what a CPU runs
     rows = res["throughput"]
     assert [r["optim"] for r in rows] == list(gp.OPTIMS)
     for r in rows + res["fsdp_vs_none"]:
@@ -199,7 +209,9 @@ def test_the_cpu_check_runs_every_phase_without_datasets_or_deepspeed(tmp_path):
         (b, o) for b in ("none", "fsdp") for o in gp.COMPARED
     }
     assert {r["param_dtype"] for r in res["fsdp_vs_none"]} == {"fp32"}  # two layouts, one precision
-    assert rows[0]["opt_tflop_per_step"] == 0 < rows[2]["opt_tflop_per_step"]  # adamw runs no Newton-Schulz
+    assert rows[0]["ns_tflop_model"] == 0 < rows[2]["ns_tflop_model"]  # adamw runs no Newton-Schulz
+    assert [(r["ns"], r["passes"]) for r in rows] == [(None, None), ("matmul", "eager"), ("matmul", "eager")]
+    assert all(r["ns_tflop_executed"] == r["ns_tflop_model"] for r in rows)  # torch's full products ran
     assert {c["against"] for c in res["comparisons"]} == {"adamw", "muon_moonlight"}
     real = res["realtext"]
     assert real["steps"] == 4 and real["val loss"] > 0 and 0 < real["times the run sees the training text"] < 1
@@ -252,18 +264,86 @@ def test_the_wheelhouse_unpacks_into_an_importable_tree(tmp_path, monkeypatch):
 def test_each_change_is_read_against_the_default_row():
     base = {"preset": "125m", "optim": "adamw", "backend": "none", "variant": "", "tokens_per_s": 400_000.0}
     res = {"throughput": [base, {**base, "optim": "orscale_lm", "tokens_per_s": 380_000.0}]}
-    res["ab"] = [{**base, "variant": "loss eager", "tokens_per_s": 300_000.0}]
+    res["ab"] = [{**base, "variant": "loss eager", "tokens_per_s": 300_000.0, "attention_ran": "flash"}]
     res["ab"] += [{"preset": "125m", "optim": "adamw", "variant": "attention cudnn", "error": "error: RuntimeError: x"}]
-    res["zero2"] = [{**base, "optim": "orscale_lm", "backend": "zero2", "variant": "zero2", "tokens_per_s": 342_000.0}]
+    zero2 = {**base, "optim": "orscale_lm", "backend": "zero2", "variant": "zero2", "tokens_per_s": 342_000.0}
+    res["zero2"] = [zero2 | {"attention_ran": "cudnn", "ns": "matmul", "passes": "compiled"}]
+    ns = {"preset": "1.1b", "ns": "matmul", "passes": "eager", "ns_tflop_model": 61.6, "mfu_ns_model": 0.41}
     res["ns_ab"] = [
-        {"preset": "1.1b", "variant": "before", "opt_ms": 150.0, "ns_tflop": 61.6, "ns_tflops_per_s": 411.0},
-        {"preset": "1.1b", "variant": "after", "opt_ms": 100.0, "ns_tflop": 44.6, "ns_tflops_per_s": 446.0},
+        ns
+        | {"variant": "before", "opt_ms": 150.0, "ns_tflop_executed": 61.6, "ns_tflops_per_s_executed": 411.0}
+        | {"mfu_ns_executed": 0.41},
+        ns
+        | {"variant": "after", "ns": "symmetric kernels", "passes": "compiled", "opt_ms": 100.0}
+        | {"ns_tflop_executed": 44.6, "ns_tflops_per_s_executed": 446.0, "mfu_ns_executed": 0.45, "mfu_ns_model": 0.62},
     ]
     md = "\n".join(ga.ab_markdown(res))
-    assert "| loss eager | adamw | 300,000 | 400,000 | 0.750 |" in md
-    assert "| zero2 | orscale_lm | 342,000 | 380,000 | 0.900 |" in md
-    assert "| attention cudnn | adamw | error: RuntimeError: x |" in md
-    assert "| 1.1b | after | 100.00 | 44.6 | 446 | 1.50 |" in md
+    assert "| loss eager | adamw | attention flash | 300,000 | 400,000 | 0.750 |" in md
+    assert "| zero2 | orscale_lm | attention cudnn, NS matmul, passes compiled | 342,000 | 380,000 | 0.900 |" in md
+    assert "| attention cudnn | adamw | — | error: RuntimeError: x |" in md
+    assert "| 1.1b | after | symmetric kernels | compiled | 100.00 | 44.6 | 61.6 | 446 | 45.0 | 62.0 | 1.50 |" in md
+    assert "| NS TFLOP executed | NS TFLOP full products |" in md and "| MFU executed % | MFU full products % |" in md
+
+
+def test_newton_schulz_counts_what_ran_executed_and_as_full_products():
+    """At 1.1b the full products are ~1.37x what the symmetric kernels execute; with torch's matmuls
+    the two counts are one."""
+    from models import get_preset
+
+    c = get_preset("1.1b")
+    d = c.d_model
+    shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * c.n_layer
+    executed, full = gp.ns_work(shapes, 5, "symmetric kernels")
+    assert full == sum(gp.ns_flops(s, 5) for s in shapes) and full / executed == pytest.approx(1.37, abs=0.005)
+    assert gp.ns_work(shapes, 5, "matmul") == (full, full)
+
+
+@pytest.mark.usefixtures("one_thread")
+# The kernels under the interpreter: ~0.3 CPU-s a launch, 30 launches a step here (3 buckets, 5 iterations).
+@pytest.mark.parametrize("self_check", [pytest.param("passes", marks=pytest.mark.slow), "fails"])
+def test_a_newton_schulz_row_records_what_ran(self_check, tmp_path, monkeypatch):
+    """The "after" row asks for the symmetric kernels. With CUDA's question in `ns_kernels.usable`
+    answered for the CPU (the kernels run under Triton's interpreter here), the row says which
+    products ran and counts their FLOPs: the kernels where their self-check passed; torch's matmuls,
+    with the warning that says why, where it failed (a GPU image without a working Triton)."""
+    from orscale import ns_kernels
+
+    monkeypatch.setattr(ns_kernels, "_VERIFIED", {})
+    monkeypatch.setattr(ns_kernels, "usable", lambda x: x.dtype == torch.bfloat16 and ns_kernels.verified(x.device))
+    if self_check == "fails":
+
+        def no_toolchain(*args, **kwargs):
+            raise RuntimeError("triton: no C compiler")
+
+        monkeypatch.setattr(ns_kernels, "symmetric_product", no_toolchain)
+    plan = dataclasses.replace(gp.CPU, presets={"tiny": (16, 1, ["model.n_layer=1", "model.d_model=32"])})
+    plan = dataclasses.replace(plan, steps=1, warmup=0)
+    rows = tmp_path / "rows.jsonl"
+    ga.ns_ab(argparse.Namespace(device="cpu", rows=str(rows)), plan)
+    before, after = (json.loads(line) for line in rows.read_text().splitlines())
+    assert (before["ns"], after["ns"]) == ("matmul", "symmetric kernels" if self_check == "passes" else "matmul")
+    shapes = [(96, 32), (32, 32), (128, 32), (32, 128)]
+    counted = sum(
+        (ns_kernels.symmetric_flops if after["ns"] == "symmetric kernels" else gp.ns_flops)(s, 5) for s in shapes
+    )
+    assert after["ns_tflop_executed"] == pytest.approx(counted / 1e12)
+    assert after["ns_tflop_model"] == pytest.approx(sum(gp.ns_flops(s, 5) for s in shapes) / 1e12)
+    assert ("symmetric kernels RuntimeError: triton: no C compiler" in after["notes"]) == (self_check == "fails")
+
+
+def test_the_gpu_check_fits_540_s_and_every_phase_gets_its_estimate():
+    """The planner alone, on a fake clock: with every phase on its estimate, and with every phase
+    hanging until it is killed, each gets at least its estimated time and the whole check ends within
+    the 540 s a first GPU run may have (the interpreter's start and the last write included)."""
+    order = gp.phase_order(gp.GPU, zero2=True)
+    assert order[:4] == ["preflight", "newton-schulz a/b", "throughput 125m", "a/b 125m"]
+    assert set(gp.GPU.estimates) == set(gp.GPU.timeouts) == set(order)
+    start_and_write_s = 20
+    for took in (lambda n: gp.GPU.estimates[n], lambda n: math.inf):
+        table = gc.rehearse(gp.GPU, order, gp.GPU.budget_s, took)
+        for name, phase in table.items():
+            assert phase["ran"] and phase["seconds"] >= gp.GPU.estimates[name], (name, phase)
+        assert max(p["start"] + p["seconds"] for p in table.values()) + start_and_write_s <= 540
 
 
 @pytest.mark.slow
@@ -279,3 +359,8 @@ def test_the_zero2_rows_run_deepspeed_on_the_cpu(tmp_path):
         ("zero2", o, "zero2") for o in ("adamw", "orscale_lm")
     ]
     assert all(r["tokens_per_s"] > 0 and r["opt_ms"] > 0 and r["clip_ms"] < 0.05 * r["opt_ms"] for r in got)
+    # what ran, read through DeepSpeed's wrapper too: the owners' Newton–Schulz on the CPU is torch's
+    assert [(r["attention_ran"], r["ns"], r["passes"]) for r in got] == [
+        ("flash", None, None),
+        ("flash", "matmul", "eager"),
+    ]

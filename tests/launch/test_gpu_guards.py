@@ -11,12 +11,15 @@ answered for the CPU and asserts what a GPU run would do.
 5. Downstream scoring of a compiled model meets a few shapes, not a graph per length.
 7. Fused AdamW on FSDP2 parameters keeps no DTensorSpec per step; the leaking torch versions fall
    back to foreach.
+8. The attention kernel a run asks for is the one its compiled blocks execute, with torch.compile's
+   on-disk caches warm from a run that asked for another.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -253,3 +256,40 @@ def test_auto_picks_foreach_where_fused_leaks_and_an_explicit_fused_is_warned(mo
     with caplog.at_level(logging.WARNING, logger="orscale"):
         assert adamw_implementation("fused", cuda, version="2.11.0") == {"fused": True}
     assert "pytorch#188174" in caplog.text and "optim.fused=foreach" in caplog.text
+
+
+# ------------------------------------------------------------------ 8. the attention kernel, compiled
+def _compiled_attention_ran(backend: str, cache_dir: str) -> str:
+    """A TorchEngine with compiled blocks (inductor, every op left to its ATen kernel: nothing for a C++
+    compiler to build here) and `train.attention=backend`, torch.compile's on-disk caches (inductor's
+    and AOTAutograd's) in `cache_dir`: which SDPA kernel its second training step executed."""
+    from torch.profiler import profile
+
+    from launch.config import load_config
+    from launch.engine.registry import engine_class
+    from launch.runtime.attention import attention_ran
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # the pool restores the environment after a job
+    model = ["model.preset=tiny", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.vocab_size=256"]
+    settings = [*model, "model.max_seq_len=16", "data.seq_len=16", "train.device=cpu", "parallel.compile=blocks"]
+    settings += ["optim.name=adamw", "train.micro_batch_size=1", "train.tokens_per_step=16", "data.logical_shards=1"]
+    settings.append(f"train.attention={backend}")
+    cfg = load_config(None, settings)
+    with torch._inductor.config.patch(fallback_by_default=True):
+        engine = engine_class("none")(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, CPU, torch.float32, 1)
+        batch = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(0))
+        engine.forward_backward(batch, last_micro_batch=True)  # compiles
+        with profile() as prof:
+            engine.forward_backward(batch, last_micro_batch=True)
+    return attention_ran(e.name for e in prof.events())
+
+
+@pytest.mark.slow
+def test_a_warm_compile_cache_runs_the_attention_kernel_asked_for(tmp_path):
+    """The first job compiles torch's choice (flash, on the CPU) into the on-disk caches; the second,
+    with Dynamo's graphs dropped in between (as between two processes, or the check's A/B rows), asks
+    for math. AOTAutograd's cache is keyed by the traced graph: with the kernel chosen by a context
+    around the compiled block, both graphs were the same and the second job ran flash."""
+    pool, cache = rank_pool(1), str(tmp_path / "compile_cache")
+    assert pool.run(_compiled_attention_ran, "default", cache, group=False) == ["flash"]
+    assert pool.run(_compiled_attention_ran, "math", cache, group=False) == ["math"]
