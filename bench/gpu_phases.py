@@ -218,7 +218,7 @@ def throughput(
     optims: tuple,
     param_dtype: str = "auto",
 ) -> None:
-    """Every preset x optimizer on each backend. `param_dtype`: FSDP2's `parallel.param_dtype`;
+    """Every preset x optimizer on each backend. `param_dtype`: FSDP2's `parallel.fsdp.param_dtype`;
     fsdp_vs_none passes fp32, so that its FSDP2 rows differ from the `none` rows (fp32 params under
     bf16 autocast) in the layout only."""
     specs = [RowSpec(p, o, b, param_dtype) for b in backends for p in presets for o in optims]
@@ -351,6 +351,7 @@ def measure(
     from torch.profiler import ProfilerActivity, profile
 
     from launch.backends.registry import backend_for
+    from launch.backends.torch_native import FSDPOptions
     from launch.engine.parallelize import fsdp_mixed_precision
     from launch.engine.torch_engine import TorchEngine
     from launch.plan import load_config
@@ -365,7 +366,7 @@ def measure(
     settings = f"model.preset={preset} model.max_seq_len={seq} data.seq_len={seq} data.val_tokens={seq} "
     settings += f"data.logical_shards=1 optim.name={optim} parallel.backend={env.backend} "
     settings += f"parallel.compile={args.compile} train.device={args.device} train.micro_batch_size={micro} "
-    settings += f"parallel.param_dtype={param_dtype if env.backend == 'fsdp' else 'auto'} "
+    settings += f"parallel.fsdp.param_dtype={param_dtype} " if env.backend == "fsdp" else ""
     cfg = load_config(None, [*settings.split(), f"train.tokens_per_step={micro * seq}", *extra, *overrides])
     cuda = env.device.type == "cuda"
     if cuda:
@@ -446,7 +447,8 @@ def measure(
         "head_loss": "eager" if eager_head or cfg.parallel.compile == "none" else "compiled",
         **ran,
     }
-    bf16 = env.backend == "fsdp" and fsdp_mixed_precision(cfg.parallel.param_dtype, dtype, env.device).param_dtype
+    fsdp = cfg.parallel.own(FSDPOptions)
+    bf16 = env.backend == "fsdp" and fsdp_mixed_precision(fsdp.param_dtype, dtype, env.device).param_dtype
     what["param_dtype"] = "bf16" if bf16 else "fp32"
     size = {"context": seq, "micro_batch": micro, "steps": plan.steps, "tokens_per_s": micro * seq * plan.steps / wall}
     work = {"model_tflop_per_step": flops / 1e12, "ns_tflop_executed": ns_executed / 1e12}

@@ -30,7 +30,7 @@ import yaml
 from data.data_config import DataConfig
 from data.sources.registry import SOURCES, source_of, source_options
 from evals.eval_config import EvalConfig
-from launch.backends.registry import AUTO, backend_for
+from launch.backends.registry import AUTO, BACKENDS, backend_for, backend_options
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.features.registry import feature_options
 from launch.nested import deep_merge, load_yaml, set_dotted, unknown_key, yaml_problem
@@ -92,6 +92,14 @@ CHOICES: tuple[Choice, ...] = (
         strict=True,
     ),
     Choice(
+        "parallel",
+        "backend",
+        # auto: the plan resolves it against the world size (launch/plan.py checks the rest then)
+        lambda p: tuple(backend_options()) if p.backend == AUTO else backend_for(p.backend).options,
+        lambda: {name: kind.options for name, kind in BACKENDS.items()},
+        strict=True,
+    ),
+    Choice(
         "data",
         "source",
         lambda data: source_of(data).options,
@@ -107,6 +115,7 @@ def component_options() -> dict[type, list[type[Any]]]:
         OptimConfig: optim_options(),
         DataConfig: source_options(),
         TrainConfig: feature_options(),
+        ParallelConfig: backend_options(),
     }
 
 
@@ -247,7 +256,7 @@ def config_from_tree(tree: dict[str, Any]) -> Config:
     except SECTION_ERRORS as err:
         raise ConfigError(str(err)) from None
     read = {f"{section_name(p)}.{o.section}" for p, os in chosen.items() for o in os}
-    cfg.notes = (*_moved_notes(moved, read), *_unread(cfg, tree, read))
+    cfg.notes = (*_moved_notes(moved, read), *_unread(cfg, tree))
     return cfg
 
 
@@ -270,28 +279,39 @@ def _moved_notes(moved: Iterable[tuple[str, tuple[str, ...]]], read: set[str]) -
     return notes
 
 
-def _unread(cfg: Config, tree: dict[str, Any], read: set[str]) -> list[str]:
-    """One note per sub-section `tree` sets, other than its defaults, that none of the run's components
-    reads (it is not recorded); a ConfigError for one that a strict choice's other component owns."""
+def _unread(cfg: Config, tree: dict[str, Any] | None) -> list[str]:
+    """One note per sub-section, other than its defaults, that none of the run's components reads (it is
+    not recorded); a ConfigError for one that a strict choice's other component owns. `tree`: the
+    sections as written (only the sub-sections it sets count); None: every one `cfg` holds."""
     lines = []
+    read = {o for options in chosen_options(cfg).values() for o in options}
     for parent, options in component_options().items():
         name = section_name(parent)
-        section = tree.get(name)
-        given = section if isinstance(section, dict) else {}
+        section = getattr(cfg, name)
+        written = (tree or {}).get(name)
         for o in options:
             key = f"{name}.{o.section}"
-            if o.section not in given or key in read or getattr(cfg, name).sections[o.section] == o():
+            given = o.section in written if isinstance(written, dict) else tree is None
+            if not given or o in read or section.sections.get(o.section, o()) == o():
                 continue
             choice = next(c for c in CHOICES if c.section == name and any(o in os for os in c.table().values()))
-            chooser = f"{name}.{choice.key}={getattr(getattr(cfg, name), choice.key)}"
+            chooser = f"{name}.{choice.key}"
             owners = " or ".join(n for n, os in choice.table().items() if o in os)
             if choice.strict:
                 raise ConfigError(
-                    f"{key} is the settings of {name}.{choice.key}={owners}; this run has {chooser}: "
-                    f"set {name}.{choice.key}={owners} or leave {key} unset"
+                    f"{key} needs {chooser}={owners} (got {getattr(section, choice.key)}); set "
+                    f"{chooser}={owners} or leave {key} unset"
                 )
-            lines.append(f"{key} is set but this run ({chooser}) does not read it: ignored")
+            lines.append(
+                f"{key} is set but this run ({chooser}={getattr(section, choice.key)}) does not read it: ignored"
+            )
     return lines
+
+
+def check_unread(cfg: Config) -> None:
+    """A ConfigError (one line) for a sub-section, other than its defaults, that a strict choice's other
+    component owns: what the plan checks once `auto` is resolved (an FSDP2 setting on one process)."""
+    _unread(cfg, None)
 
 
 def keep_chosen(cfg: Config) -> Config:

@@ -1,34 +1,28 @@
-"""The `parallel:` section: how the model and optimizer are laid out over the ranks (the backend, FSDP2's
-settings, HSDP's mesh, the Muon family's owner exchange). Checks itself on construction with one-line
-`ConfigError`s; `for_world` checks and resolves what depends on the world size."""
+"""The `parallel:` section: how the model and optimizer are laid out over the ranks (the backend, the
+data-parallel mesh, compilation, the Muon family's owner exchange), and the backends' own sub-sections
+(`parallel.fsdp`: launch/backends/). Checks itself on construction with one-line `ConfigError`s;
+`for_world` checks and resolves what depends on the world size."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from launch.train_config import at_least, require
+from launch.train_config import OwnSections, at_least, require
 from orscale.distributed.owners import DEFAULT_BUCKET_NUMEL, MODES
 
 COMPILE: tuple[str, ...] = ("auto", "none", "blocks", "model")
-PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(OwnSections):
     # none | ddp | fsdp | zero1 | zero2 (launch/backends/) | auto: none for one process, fsdp when
-    # launched on several (resolved by `resolve`, so config.yaml records the backend that ran)
+    # launched on several (resolved by the plan, so config.yaml records the backend that ran)
     backend: str = "auto"
-    meta_init: bool = True  # FSDP2: build on meta, init shards after sharding (never whole on a rank)
     activation_checkpointing: bool = False
     # auto (blocks on CUDA, none on CPU) | none | blocks (each block, and the head with its loss) | model (whole)
     compile: str | bool = field(default="auto", metadata={"resume": "routine"})
-    # FSDP2: free each block's gathered params after its forward (true), keep them for backward
-    # (false: faster, more memory), or auto (false on one node, true across nodes).
-    reshard_after_forward: str | bool = field(default="auto", metadata={"resume": "routine"})
-    # FSDP2 param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
-    # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
-    param_dtype: str = "auto"
     muon_mode: str = "owner"  # owner: NS once per matrix on one rank | replicate: everywhere (debug)
     # Collective timeouts, seconds: start-up (process groups, rank 0's validation set and resume
     # decision, the checkpoint load), then every collective from the first step on. A rank that stops
@@ -44,22 +38,13 @@ class ParallelConfig:
     muon_replica_split: bool = False
     muon_overlap: bool = True  # owner exchange: bucket k+1 in flight while bucket k's NS runs
     muon_bucket_numel: int = DEFAULT_BUCKET_NUMEL  # whole-matrix elements per exchange bucket
+    sections: dict[str, Any] = field(default_factory=dict)  # the backends' own, by section name
 
     def __post_init__(self) -> None:
         # YAML booleans kept meaning what they meant: compile true = blocks, false = none.
         if isinstance(self.compile, bool):
             self.compile = "blocks" if self.compile else "none"
-        if isinstance(self.reshard_after_forward, bool):
-            self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
         require(self.compile in COMPILE, f"parallel.compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
-        require(
-            self.reshard_after_forward in ("auto", "true", "false"),
-            f"parallel.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
-        )
-        require(
-            self.param_dtype in PARAM_DTYPES,
-            f"parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
-        )
         require(
             self.muon_mode in MODES, f"parallel.muon_mode must be one of {', '.join(MODES)}, got {self.muon_mode!r}"
         )

@@ -18,7 +18,7 @@ from data.sources.registry import source_of
 from evals import load_task
 from launch.backends.base import Backend
 from launch.backends.registry import BACKENDS, backend_for, resolve_auto
-from launch.config import Config, keep_chosen, read_config
+from launch.config import Config, check_unread, keep_chosen, read_config
 from launch.environment import ACCELERATE, EnvFacts
 from launch.errors import SECTION_ERRORS, ConfigError
 from launch.features.base import Feature
@@ -91,10 +91,12 @@ def resolve(cfg: Config, facts: EnvFacts) -> Plan:
 
 
 def _resolve(cfg: Config, facts: EnvFacts) -> Plan:
-    resolved = keep_chosen(copy.deepcopy(cfg))
+    resolved = copy.deepcopy(cfg)
     backend = backend_for(resolve_auto(cfg.parallel.backend, facts.world_size))
     backend.check_layout(cfg.parallel)
     resolved.parallel = cfg.parallel.for_world(facts.world_size, backend.name)
+    check_unread(resolved)  # the backend's sub-sections, now that auto is resolved
+    resolved = keep_chosen(resolved)
     parallel, optim, train, data = resolved.parallel, resolved.optim, resolved.train, resolved.data
     _check_launch(resolved, facts, backend)
     if parallel.compile == "auto":
@@ -143,7 +145,6 @@ def _check_launch(cfg: Config, facts: EnvFacts, backend: Backend) -> None:
         f"data.seq_len ({d.seq_len}) exceeds the model's context ({context}); "
         "lower data.seq_len or set model.max_seq_len",
     )
-    backend.check_param_dtype(p)
     windows = t.tokens_per_step // d.seq_len
     require(
         windows % d.logical_shards == 0,

@@ -24,6 +24,18 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 ON_SAVE_ERROR: tuple[str, ...] = ("stop", "continue")
 
 
+class OwnSections:
+    """A section holding its components' own sub-sections (`sections`, by section name: a loop
+    feature's under `train:`, a backend's under `parallel:`)."""
+
+    sections: dict[str, Any]
+
+    def own(self, options: type[T]) -> T:
+        """Section `options` (an options class with its `section` name): its defaults when unset."""
+        found = self.sections.get(options.section)
+        return found if isinstance(found, options) else options()
+
+
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -98,7 +110,7 @@ class MemorySnapshotConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(OwnSections):
     max_steps: int = 200
     tokens_per_step: int = 8192  # global; reached by gradient accumulation
     micro_batch_size: int = 8  # sequences per micro-batch per rank
@@ -151,8 +163,3 @@ class TrainConfig:
             f"train.on_save_error must be stop or continue, got {self.on_save_error!r}",
         )
         at_least("train", self, stall_dump_s=(0, "0: off"))
-
-    def own(self, options: type[T]) -> T:
-        """Section `options` (an options class with its `section` name): its defaults when unset."""
-        found = self.sections.get(options.section)
-        return found if isinstance(found, options) else options()

@@ -11,6 +11,7 @@ from typing import Any
 
 _MUON = "ns_steps ns_coefficients ns_dtype ns_kernel nesterov r_min r_max trust_eps diagnostics compile_passes"
 _CBP = "zeta rho s_min s_max equalize precondition"
+_FSDP = "meta_init reshard_after_forward param_dtype"
 _HUB = {
     "subset": "subset",
     "revision": "revision",
@@ -32,6 +33,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "optim.lars_trust_coefficient": ("optim.lars.trust_coefficient",),
     **{f"optim.{k}": (f"optim.wsd.{k}",) for k in ("decay_fraction", "decay_steps", "decay_shape")},
     **{f"data.{old}": (f"data.hub.{new}",) for old, new in _HUB.items()},
+    **{f"parallel.{k}": (f"parallel.fsdp.{k}",) for k in _FSDP.split()},
 }
 
 

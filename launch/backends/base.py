@@ -6,7 +6,7 @@ optimizers find the parameters, and the config settings only it accepts. Nothing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from launch.errors import ConfigError
 
@@ -35,12 +35,13 @@ class Backend:
     checkpoint_layout: ClassVar[str]
     process_group: ClassVar[bool] = True  # creates the default process group, even on one process
     many_processes: ClassVar[bool] = True  # runs on more than one process
-    # FSDP2 DTensor parameters: built on the meta device, `parallel.param_dtype`, HSDP meshes,
+    # FSDP2 DTensor parameters: built on the meta device, `parallel.fsdp.param_dtype`, HSDP meshes,
     # and AdamW's kernel rule for DTensors (orscale.factories.adamw_auto).
     shards_parameters: ClassVar[bool] = False
     # The `accelerate launch` config kind that announces this backend (ACCELERATE_USE_<kind>=true).
     accelerate_kind: ClassVar[str | None] = None
     zero_stage: ClassVar[int | None] = None  # DeepSpeed's ZeRO stage, for ZeRO backends
+    options: ClassVar[tuple[type[Any], ...]] = ()  # the options classes of its own `parallel.<section>`s
 
     def engine_class(self) -> type[Engine]:
         """The Engine implementation that runs this backend (launch/engine/)."""
@@ -71,14 +72,6 @@ class Backend:
             raise ConfigError(
                 f"parallel.dp_replicate={parallel.dp_replicate} (HSDP) needs parallel.backend=fsdp (got {self.name}); "
                 "set parallel.backend=fsdp or parallel.dp_replicate=1"
-            )
-
-    def check_param_dtype(self, parallel: ParallelConfig) -> None:
-        """`parallel.param_dtype` is FSDP2's parameter dtype: only auto elsewhere."""
-        if parallel.param_dtype != "auto":
-            raise ConfigError(
-                f"parallel.param_dtype={parallel.param_dtype} sets FSDP2's parameter dtype; it needs "
-                f"parallel.backend=fsdp (got {self.name}); use train.dtype for the compute dtype"
             )
 
     def check_optimizer(self, optim: OptimConfig) -> None:

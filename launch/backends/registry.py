@@ -4,6 +4,8 @@ elsewhere. A new backend is a class in a file of this package and one line in `B
 
 from __future__ import annotations
 
+from typing import Any
+
 from launch.backends.base import Backend
 from launch.backends.torch_native import DDPBackend, FSDPBackend, NoBackend
 from launch.backends.zero import Zero1Backend, Zero2Backend
@@ -34,6 +36,11 @@ def resolve_auto(name: str, world_size: int) -> str:
     if name != AUTO:
         return name
     return SEVERAL_PROCESSES if world_size > 1 else ONE_PROCESS
+
+
+def backend_options() -> list[type[Any]]:
+    """The options class of every `parallel.<section>` a backend owns, each once."""
+    return list(dict.fromkeys(o for kind in BACKENDS.values() for o in kind.options))
 
 
 def names_of(kind: type[Backend]) -> str:

@@ -4,9 +4,11 @@ with torch.distributed.checkpoint: one process (`none`), DDP replicas (`ddp`) an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from launch.backends.base import Backend
+from launch.train_config import require
 
 if TYPE_CHECKING:
     import torch
@@ -15,6 +17,9 @@ if TYPE_CHECKING:
     from launch.parallel_config import ParallelConfig
     from launch.runtime.process_group import DistEnv
     from models import GPT
+
+
+PARAM_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp32")
 
 
 class NoBackend(Backend):
@@ -42,6 +47,34 @@ class DDPBackend(Backend):
         return wrap_ddp(model, env)
 
 
+@dataclass
+class FSDPOptions:
+    """`parallel.fsdp`: FSDP2's own settings."""
+
+    section: ClassVar[str] = "fsdp"
+
+    meta_init: bool = True  # build on meta, init shards after sharding (never whole on a rank)
+    # Free each block's gathered params after its forward (true), keep them for backward (false: faster,
+    # more memory), or auto (false on one node, true across nodes).
+    reshard_after_forward: str | bool = field(default="auto", metadata={"resume": "routine"})
+    # The param dtype in forward/backward: auto (bf16 with train.dtype bf16 on CUDA) | bf16 | fp32.
+    # Gradients are reduced in fp32 either way; `bf16` runs the bf16-param policy on CPU too (tests).
+    param_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        # A YAML boolean keeps meaning what it meant.
+        if isinstance(self.reshard_after_forward, bool):
+            self.reshard_after_forward = "true" if self.reshard_after_forward else "false"
+        require(
+            self.reshard_after_forward in ("auto", "true", "false"),
+            f"parallel.fsdp.reshard_after_forward must be auto, true or false, got {self.reshard_after_forward!r}",
+        )
+        require(
+            self.param_dtype in PARAM_DTYPES,
+            f"parallel.fsdp.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}",
+        )
+
+
 class FSDPBackend(Backend):
     """FSDP2 (`fully_shard`) per block and on the whole model; HSDP with `parallel.dp_replicate` > 1."""
 
@@ -51,17 +84,15 @@ class FSDPBackend(Backend):
     checkpoint_layout = "dcp"
     shards_parameters = True
     accelerate_kind = "FSDP"
+    options = (FSDPOptions,)
 
     def check_layout(self, parallel: ParallelConfig) -> None:
         return  # HSDP is FSDP2's
 
-    def check_param_dtype(self, parallel: ParallelConfig) -> None:
-        return  # FSDP2's own setting
-
     def meta_init(self, parallel: ParallelConfig) -> bool:
-        return parallel.meta_init
+        return parallel.own(FSDPOptions).meta_init
 
     def shard(self, model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
         from launch.engine.parallelize import shard_fsdp
 
-        shard_fsdp(model, parallel, env, dtype)
+        shard_fsdp(model, parallel, parallel.own(FSDPOptions), env, dtype)

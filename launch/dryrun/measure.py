@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launch.backends.base import Backend
 from launch.backends.registry import backend_for, resolve_auto
-from launch.backends.torch_native import DDPBackend
+from launch.backends.torch_native import DDPBackend, FSDPOptions
 from launch.backends.zero import ZeroBackend
 from launch.config import read_config
 from launch.dryrun.fake_world import (
@@ -209,8 +209,10 @@ def step_rank(
     par, train = cfg.parallel, cfg.train
     model_cfg = cfg.model.resolve()
     dtype = torch.float32 if train.dtype == "fp32" else torch.bfloat16  # `auto` on a bf16 GPU
-    if par.param_dtype == "auto" and chosen.shards_parameters:
-        par.param_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"  # fsdp_mixed_precision on CUDA
+    fsdp = par.own(FSDPOptions)
+    if fsdp.param_dtype == "auto" and chosen.shards_parameters:  # fsdp_mixed_precision on CUDA
+        fsdp = dataclasses.replace(fsdp, param_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+        par.sections = {**par.sections, fsdp.section: fsdp}
     ns = cfg.optim.own(MuonOptions)
     if ns.ns_dtype == "auto":  # what the Muon family picks on CUDA
         cfg.optim = cfg.optim.with_options(dataclasses.replace(ns, ns_dtype="bf16"))
@@ -257,7 +259,7 @@ def step_rank(
         micro_batch=train.micro_batch_size,
         seq_len=cfg.data.seq_len,
         accum=accum,
-        param_dtype=par.param_dtype if chosen.shards_parameters else "fp32",
+        param_dtype=fsdp.param_dtype if chosen.shards_parameters else "fp32",
         reshard=_reshards(engine.model),
         params=[storage_bytes(params)] * world,  # FSDP2 pads every rank's shard to the largest
         grads=[grads] * world,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
     from launch.backends.base import Backend
+    from launch.backends.torch_native import FSDPOptions
 
 
 def build_model(
@@ -35,7 +36,7 @@ def build_model(
     compile_backend: str = "inductor",
 ) -> GPT:
     """Construct, shard (as `backend` does: FSDP2) and initialise the GPT, equal to a single-process run's
-    at any world size (docs/determinism.md). FSDP2 with `parallel.meta_init` builds on the meta device and
+    at any world size (docs/determinism.md). FSDP2 with `parallel.fsdp.meta_init` builds on the meta device and
     fills each rank's shard after `fully_shard` (`init_sharded`), so a 1.1B model is never whole on one rank.
     `compile_backend`: torch.compile's backend for `parallel.compile` (tests pass `aot_eager`, which traces
     the same graphs without generating kernels)."""
@@ -89,14 +90,14 @@ def _apply(
         _compile_forward(model, compile_backend)
 
 
-def shard_fsdp(model: GPT, parallel: ParallelConfig, env: DistEnv, dtype: torch.dtype) -> None:
+def shard_fsdp(model: GPT, parallel: ParallelConfig, fsdp: FSDPOptions, env: DistEnv, dtype: torch.dtype) -> None:
     """FSDP2 (`fully_shard`) on each block, then on the whole model (the embedding, the head): on the
-    1-D world or HSDP's 2-D mesh (`data_parallel_mesh`), in `parallel.param_dtype`."""
+    1-D world or HSDP's 2-D mesh (`data_parallel_mesh`), in `parallel.fsdp.param_dtype`."""
     from torch.distributed.fsdp import fully_shard
 
-    mp = fsdp_mixed_precision(parallel.param_dtype, dtype, env.device)
+    mp = fsdp_mixed_precision(fsdp.param_dtype, dtype, env.device)
     local = env.local_world_size or env.world_size
-    reshard = reshard_after_forward(parallel.reshard_after_forward, parallel.dp_shard, env.world_size, local)
+    reshard = reshard_after_forward(fsdp.reshard_after_forward, parallel.dp_shard, env.world_size, local)
     mesh = data_parallel_mesh(parallel, env)
     for block in model.blocks:
         # `true`: the last block's params are needed right away in backward: don't reshard them.
@@ -122,7 +123,7 @@ def _compile_method(module: nn.Module, name: str, backend: str) -> None:
 def reshard_after_forward(
     setting: str | bool, shard_size: int | None = None, world: int | None = None, local_world: int | None = None
 ) -> bool:
-    """`parallel.reshard_after_forward` (auto | true | false) as FSDP2's flag. auto: keep the
+    """`parallel.fsdp.reshard_after_forward` (auto | true | false) as FSDP2's flag. auto: keep the
     gathered params until backward (no second all-gather) when the shard group is one node, where
     memory is the cheaper resource; reshard when it spans nodes, where the all-gather is the costly
     one and memory per GPU is what limits the model. `shard_size`: ranks a parameter is sharded over
@@ -151,7 +152,7 @@ def data_parallel_mesh(parallel: ParallelConfig, env: DistEnv) -> DeviceMesh:
 
 
 def fsdp_mixed_precision(param_dtype: str, dtype: torch.dtype, device: torch.device) -> MixedPrecisionPolicy:
-    """FSDP2's policy for `parallel.param_dtype`: bf16 params in forward/backward with fp32 gradient
+    """FSDP2's policy for `parallel.fsdp.param_dtype`: bf16 params in forward/backward with fp32 gradient
     reduction (the fp32 sharded params stay the master weights), or fp32 throughout. auto: bf16
     when the run computes in bf16 (`dtype`) on CUDA; CPU runs keep fp32 unless asked (gloo's CPU
     collectives are the test path)."""

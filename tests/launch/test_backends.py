@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from launch.backends.registry import BACKENDS, backend_for, resolve_auto
-from launch.backends.torch_native import DDPBackend, FSDPBackend, NoBackend
+from launch.backends.torch_native import DDPBackend, FSDPBackend, FSDPOptions, NoBackend
 from launch.backends.zero import ZeroBackend
 from launch.config import ParallelConfig, read_config
 from launch.engine.parallelize import reshard_after_forward
@@ -109,13 +109,14 @@ def test_config_checks_belong_to_the_backend() -> None:
     """HSDP and FSDP2's parameter dtype are fsdp's settings; every other backend refuses them."""
     for name in ("none", "ddp", "zero1"):
         with pytest.raises(ConfigError, match=f"needs parallel.backend=fsdp \\(got {name}\\)"):
-            load_config(None, [f"parallel.backend={name}", "parallel.param_dtype=bf16"])
+            load_config(None, [f"parallel.backend={name}", "parallel.fsdp.param_dtype=bf16"])
         with pytest.raises(ConfigError, match=f"needs parallel.backend=fsdp \\(got {name}\\)"):
             backend_for(name).check_layout(ParallelConfig(dp_replicate=2))
     fsdp = FSDPBackend()
     fsdp.check_layout(ParallelConfig(dp_replicate=2))
-    fsdp.check_param_dtype(ParallelConfig(param_dtype="bf16"))
-    assert fsdp.meta_init(ParallelConfig()) and not fsdp.meta_init(ParallelConfig(meta_init=False))
+    assert load_config(None, ["parallel.backend=fsdp", "parallel.fsdp.param_dtype=bf16"], EnvFacts(world_size=2))
+    no_meta = ParallelConfig(sections={"fsdp": FSDPOptions(meta_init=False)})
+    assert fsdp.meta_init(ParallelConfig()) and not fsdp.meta_init(no_meta)
     assert not NoBackend().meta_init(ParallelConfig()) and not DDPBackend().meta_init(ParallelConfig())
 
 

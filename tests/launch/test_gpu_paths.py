@@ -179,15 +179,15 @@ def fsdp_runs(tmp_path_factory) -> Callable[[str, list[str]], Path]:
 
 @pytest.mark.slow
 def test_fsdp2_reshard_after_forward_false_and_true_give_identical_losses(fsdp_runs):
-    true = train_losses(fsdp_runs("reshard-true", ["parallel.reshard_after_forward=true"]))
-    false = train_losses(fsdp_runs("reshard-false", ["parallel.reshard_after_forward=false"]))
+    true = train_losses(fsdp_runs("reshard-true", ["parallel.fsdp.reshard_after_forward=true"]))
+    false = train_losses(fsdp_runs("reshard-false", ["parallel.fsdp.reshard_after_forward=false"]))
     assert sorted(true) == list(range(1, 7)) and true == false
 
 
 @pytest.mark.slow
 def test_fused_adamw_runs_on_fsdp2_dtensors_like_foreach(fsdp_runs):
-    foreach = train_losses(fsdp_runs("reshard-false", ["parallel.reshard_after_forward=false"]))
-    fused = train_losses(fsdp_runs("fused", ["parallel.reshard_after_forward=false", "optim.fused=fused"]))
+    foreach = train_losses(fsdp_runs("reshard-false", ["parallel.fsdp.reshard_after_forward=false"]))
+    fused = train_losses(fsdp_runs("fused", ["parallel.fsdp.reshard_after_forward=false", "optim.fused=fused"]))
     assert fused.keys() == foreach.keys()
     for step, loss in fused.items():
         assert loss == pytest.approx(foreach[step], rel=1e-6), step
@@ -199,7 +199,7 @@ def test_activation_checkpointing_with_meta_init_trains_and_resumes_like_without
     'blocks.0.attn_norm.weight'): 6 steps with a checkpoint at step 3, then steps 4-6 again from
     that checkpoint in a new run dir; every loss equals the run without activation checkpointing
     (recomputing the forward gives the same numbers)."""
-    common = ["parallel.backend=fsdp", "parallel.meta_init=true", "train.max_steps=6", "train.ckpt_every=3"]
+    common = ["parallel.backend=fsdp", "parallel.fsdp.meta_init=true", "train.max_steps=6", "train.ckpt_every=3"]
     common += ["train.eval_every=0", "optim.name=orscale_lm"]
     ac = [*common, "parallel.activation_checkpointing=true"]
     train_in_pool([f"run.dir={tmp_path / 'plain'}", *common])
@@ -229,7 +229,7 @@ def test_bf16_params_on_two_gloo_ranks_match_one_process_under_autocast(tmp_path
     common = ["train.max_steps=8", "train.eval_every=8", "optim.name=orscale_lm", "train.micro_batch_size=2"]
     common += ["train.dtype=bf16"]
     train_in_pool([f"run.dir={tmp_path / 'one'}", *common])
-    train_in_pool([f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.param_dtype=bf16"], 2)
+    train_in_pool([f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.fsdp.param_dtype=bf16"], 2)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert sorted(one) == list(range(1, 9)) and one.keys() == two.keys()
     for step in one:
@@ -261,7 +261,7 @@ def _fsdp_worker() -> dict:
         norms = {canonical_name(n): g.norm().item() for n, g in grads.items()}
         out[case] = {"loss": loss, "grad_norms": norms}
     # bf16 FSDP2 params: what each block receives (the RoPE tables must stay fp32, as in one process).
-    cfg = load_config(None, ["parallel.backend=fsdp", "parallel.param_dtype=bf16"])
+    cfg = load_config(None, ["parallel.backend=fsdp", "parallel.fsdp.param_dtype=bf16"])
     model = build_model(
         get_preset("tiny", **MODEL),
         cfg.parallel,

@@ -24,7 +24,7 @@ def test_constant_is_a_valid_schedule_and_keeps_wsds_keys_out() -> None:
     assert "constant" in SCHEDULES
     with pytest.raises(ConfigError, match=r"^optim\.schedule must be one of cosine, wsd, constant, got 'flat'$"):
         load_config(TINY, ["optim.schedule=flat"])
-    with pytest.raises(ConfigError, match="this run has optim.schedule=constant: set optim.schedule=wsd"):
+    with pytest.raises(ConfigError, match=r"needs optim.schedule=wsd \(got constant\); set optim.schedule=wsd"):
         load_config(TINY, ["optim.schedule=constant", "optim.wsd.decay_fraction=0.2"])
 
 
