@@ -72,7 +72,7 @@ class TextDocuments:
     def read(self, piece: int, start_row: int = 0) -> Iterator[np.ndarray | None]:
         self.pieces_opened += 1
         at = self.catalog[piece]
-        texts = kept_texts(self.source.read_rows(at, self.cfg.text_field, start_row), at, start_row, self.notices)
+        texts = kept_texts(self.source.read_rows(at, self.cfg, start_row), at, start_row, self.notices)
         while True:
             chunk = [t for _, t in zip(range(self.cfg.encode_batch_docs), texts, strict=False)]
             if not chunk:

@@ -10,7 +10,7 @@ into pieces that can be read with no index and no read of what comes before:
     per file, since a compressed stream cannot be entered in the middle (a resume inside it
     decompresses from the file's start; the data path's unit of parallelism is then the file).
 A document's address is (piece, row within the piece), so a reader opens exactly the pieces it
-needs and a resume seeks instead of re-reading (`data.sources.read_texts(piece, start_row)`).
+needs and a resume seeks instead of re-reading (`data.sources.registry.read_texts(piece, cfg, start_row)`).
 """
 
 from __future__ import annotations

@@ -44,9 +44,10 @@ class Source:
         """Every piece of the corpus `cfg` names, in published order."""
         raise DataError(f"data.source={cfg.source} holds token ids: it has no text catalog")
 
-    def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
-        """The rows of `piece` from row `start_row` on: each a document's text, or None/a non-text
-        value for a row that is skipped but keeps its number."""
+    def read_rows(self, piece: Piece, cfg: DataConfig, start_row: int) -> Iterator[object]:
+        """The rows of `piece` (of `cfg`'s corpus: its text field, this source's own options) from row
+        `start_row` on: each a document's text, or None/a non-text value for a row that is skipped but
+        keeps its number."""
         raise NotImplementedError(f"pieces of kind {piece.kind} have no reader")
 
     def open(self, cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:

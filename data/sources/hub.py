@@ -72,8 +72,8 @@ class Hub(Source):
     def catalog(self, cfg: DataConfig) -> Catalog:
         return Catalog([describe_parquet(p) for p in self.files(cfg)], cfg.piece_bytes)
 
-    def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
-        return parquet_rows(piece, text_field, start_row)
+    def read_rows(self, piece: Piece, cfg: DataConfig, start_row: int) -> Iterator[object]:
+        return parquet_rows(piece, cfg.text_field, start_row)
 
     def files(self, cfg: DataConfig) -> list[str]:
         """The parquet files of a hub dataset's split, as `datasets` resolves them (hf:// URLs)."""

@@ -99,6 +99,6 @@ class LocalFiles(Source):
         kind = file_format(path, cfg.source)
         return describe_parquet(path) if kind == "parquet" else describe_file(path, kind, cfg.piece_bytes)
 
-    def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+    def read_rows(self, piece: Piece, cfg: DataConfig, start_row: int) -> Iterator[object]:
         read = parquet_rows if piece.kind == "parquet" else json_rows
-        return read(piece, text_field, start_row)
+        return read(piece, cfg.text_field, start_row)

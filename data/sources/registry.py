@@ -65,12 +65,12 @@ def build_catalog(cfg: DataConfig) -> Catalog:
 
 
 def read_texts(
-    piece: Piece, text_field: str, start_row: int = 0, notices: Notices | None = None
+    piece: Piece, cfg: DataConfig, start_row: int = 0, notices: Notices | None = None
 ) -> Iterator[str | None]:
-    """The documents of `piece` from row `start_row` on, one per row: the text, or None for a row
-    that is empty or not text (skipped with a warning, said once per `notices` and then counted,
-    but it keeps its row number)."""
-    rows = _READERS[piece.kind].read_rows(piece, text_field, start_row)
+    """The documents of `piece` (of `cfg`'s corpus) from row `start_row` on, one per row: the text, or
+    None for a row that is empty or not text (skipped with a warning, said once per `notices` and then
+    counted, but it keeps its row number)."""
+    rows = _READERS[piece.kind].read_rows(piece, cfg, start_row)
     return kept_texts(rows, piece, start_row, notices or Notices(log))
 
 
@@ -80,7 +80,7 @@ def iter_documents(cfg: DataConfig, catalog: Catalog | None = None) -> Iterator[
     catalog = catalog or build_catalog(cfg)
     index, notices = 0, Notices(log)
     for i in range(len(catalog)):
-        for text in read_texts(catalog[i], cfg.text_field, notices=notices):
+        for text in read_texts(catalog[i], cfg, notices=notices):
             if text is not None:
                 yield index, text
             index += 1

@@ -110,7 +110,7 @@ class TextFiles(Source):
     def catalog(self, cfg: DataConfig) -> Catalog:
         return Catalog([describe_file(p, "text", cfg.piece_bytes) for p in text_files(cfg)], cfg.piece_bytes)
 
-    def read_rows(self, piece: Piece, text_field: str, start_row: int) -> Iterator[object]:
+    def read_rows(self, piece: Piece, cfg: DataConfig, start_row: int) -> Iterator[object]:
         documents = _documents(piece)
         for _ in range(start_row):
             if next(documents, None) is None:

@@ -229,7 +229,9 @@ def test_bf16_params_on_two_gloo_ranks_match_one_process_under_autocast(tmp_path
     common = ["train.max_steps=8", "train.eval_every=8", "optim.name=orscale_lm", "train.micro_batch_size=2"]
     common += ["train.dtype=bf16"]
     train_in_pool([f"run.dir={tmp_path / 'one'}", *common])
-    train_in_pool([f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.fsdp.param_dtype=bf16"], 2)
+    train_in_pool(
+        [f"run.dir={tmp_path / 'two'}", *common, "parallel.backend=fsdp", "parallel.fsdp.param_dtype=bf16"], 2
+    )
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert sorted(one) == list(range(1, 9)) and one.keys() == two.keys()
     for step in one:
