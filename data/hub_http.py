@@ -3,9 +3,9 @@ hub path (the dataset's resolution by `datasets`, each parquet footer, each row 
 read) goes through `RetryingClient`, installed with `huggingface_hub.set_client_factory`.
 
 Per request, a transient failure — HTTP 408/429/500/502/503/504, a connection refused or reset, a
-body cut short, a stall longer than `data.hub_timeout_s` — is retried up to `data.hub_retries`
-times after bounded exponential backoff (`data.hub_retry_wait_s`, doubling up to
-`data.hub_retry_max_wait_s`), never sooner than the server's `Retry-After` (or the Hub's
+body cut short, a stall longer than `data.hub.timeout_s` — is retried up to `data.hub.retries`
+times after bounded exponential backoff (`data.hub.retry_wait_s`, doubling up to
+`data.hub.retry_max_wait_s`), never sooner than the server's `Retry-After` (or the Hub's
 `RateLimit` reset), and 0-50% later at random so that ranks which failed together do not retry
 together. Each retry is one log line and counted (`retry_count()`, `data_retries` in
 metrics.jsonl). After the budget, `HubReadError` names the URL and the last status.

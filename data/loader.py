@@ -228,7 +228,7 @@ class PackedLoader:
             raise DataError(
                 f"the checkpoint's data stream addressed {saved_pieces} pieces but the corpus now has "
                 f"{len(self.docs)} ({self.docs.describe()}): the data changed since (a new revision on the "
-                "Hub?); resume with the data it was saved over (data.revision=<the commit its run.log names>)"
+                "Hub?); resume with the data it was saved over (data.hub.revision=<the commit its run.log names>)"
             )
         missing = [s for s in self.owned if s not in shards]
         if missing:

@@ -112,7 +112,7 @@ def _read_failure(path: str, where: str, err: BaseException) -> DataError:
         return DataError(
             f"data file '{path}' {where} could not be read: {failed.status} after {failed.attempts} attempts "
             f"({failed.method} {failed.url}); the Hub is down or rate-limiting: the same command resumes from "
-            "the last checkpoint (data.hub_retries sets the budget)"
+            "the last checkpoint (data.hub.retries sets the budget)"
         )
     return DataError(f"data file '{path}' {where} could not be read: {first_line(err)}")
 
@@ -181,7 +181,7 @@ class Catalog:
     def describe(self) -> dict:
         out: dict = {"files": len(self.files), "pieces": len(self), "piece_bytes": self.piece_bytes}
         pinned = re.match(r"hf://datasets/[^@]+@([^/]+)/", self.files[0].path) if self.files else None
-        if pinned:  # the hub commit read: data.revision=<it> reads the same files in a later run
+        if pinned:  # the hub commit read: data.hub.revision=<it> reads the same files in a later run
             out["revision"] = pinned.group(1)
         return out
 

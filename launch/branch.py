@@ -9,7 +9,7 @@ first step is the same whatever the run's length (orscale.schedule). So the run 
 cooldown of d steps from step B - d) is the parent run up to step B - d, then its own cooldown: each
 branch starts from the parent's newest checkpoint at or before B - d (`run.init_from`) in a run
 directory of its own (`<out>/budget_<B>`), and trains the rest with the schedule it would have had
-from step 0 (train.max_steps=B, optim.decay_steps=d). The parent's files are only read.
+from step 0 (train.max_steps=B, optim.wsd.decay_steps=d). The parent's files are only read.
 
 A branch is a run like any other: its config.yaml (`run.init_from`) and run.log name the checkpoint it
 started from, it resumes from its own checkpoints (the same command again: a killed branch continues,
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--decay-shape",
         default=None,
-        help="the cooldown's shape, optim.decay_shape (default: the parent's)",
+        help="the cooldown's shape, optim.wsd.decay_shape (default: the parent's)",
     )
     parser.add_argument("--out", type=Path, default=None, help="where the branches go (default: <parent>-branches)")
     parser.add_argument("--nproc", type=int, default=1, help="processes per branch (torchrun through launch.launcher)")

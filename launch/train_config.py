@@ -121,7 +121,7 @@ class TrainConfig(OwnSections):
     # more steps to save at (a wsd run's branch points)
     ckpt_at: list[int] = field(default_factory=list, metadata={"resume": "routine"})
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    # CUDA: fp32 matmuls (train.dtype=fp32, optim.ns_dtype=fp32, fp32 paths under autocast) on TF32
+    # CUDA: fp32 matmuls (train.dtype=fp32, optim.muon.ns_dtype=fp32, fp32 paths under autocast) on TF32
     # tensor cores, as nanoGPT and torchtitan run them; false: full fp32. No effect on CPU.
     tf32: bool = True
     # F.scaled_dot_product_attention's kernel: auto (per board, as the device check measured it;

@@ -55,7 +55,7 @@ class HubOptions:
 class Hub(Source):
     listed_as = "a Hub dataset as owner/name, e.g. HuggingFaceFW/fineweb-edu"
     kinds = ("parquet",)
-    document_keys = ("data.source", "data.subset", "data.split", "data.text_field")
+    document_keys = ("data.source", "data.hub.subset", "data.hub.split", "data.text_field")
     reads_hub = True
     options = (HubOptions,)
 

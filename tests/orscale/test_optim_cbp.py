@@ -1,6 +1,6 @@
 """CBP (seed 000 Algorithm 1): formulas against an independent reference written from the paper's
 pseudocode (float64, one tensor at a time), closed forms for constant gradients and torch.optim.SGD.
-M2 centring: tests/models/test_centered_linear.py; LARS and LAMB: tests/orscale/test_optim_trust_ratio.py."""
+M2 centring: tests/models/test_centered_linear.py; LARS and LAMB: tests/orscale/test_optim_lamb_lars.py."""
 
 from __future__ import annotations
 
