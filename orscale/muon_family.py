@@ -15,6 +15,12 @@ matrix, in ONE tensor) through ``reduce_sums_of_squares``, and call (c) unchange
 runs on the tensors ``_local`` returns (the tensor itself here; a DTensor's local shard in
 ``orscale.distributed``), so the same code serves whole matrices and row shards.
 
+A member that changes the direction after (b) does so through two hooks, which every placement's
+class runs unchanged: ``shape_directions`` turns each rank's rows of Q into the step's directions
+and adds per-matrix partial sums of its own (``extra_sum_columns``) to the step's one reduction;
+``direction_scales`` then gives each matrix a factor a from the reduced sums, and the step uses
+a·Q wherever it reads Q (its norms, the trust ratio, the update, the diagnostics).
+
 Everything but the matmuls runs as four passes over memory (``orscale.muon_passes``: momentum,
 normalisation, norms, update), fused into kernels on CUDA; the state stays one fp32 momentum
 buffer per parameter.
@@ -31,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import torch
 from torch import Tensor
@@ -74,6 +80,17 @@ def shape_factor(shape_choice: str, p: Tensor) -> float:
     return MOONLIGHT_FACTOR * math.sqrt(max(matrix_shape(p))) if shape_choice == "moonlight" else 1.0
 
 
+def scaled_sums(sq: Tensor, a: Tensor, s: Tensor, wd: float, coupled: bool) -> Tensor:
+    """The step's norm sums [n, N_COLS] of directions Q (as the norms pass saw them) for the
+    directions a·Q: ‖aQ‖² = a²‖Q‖², ⟨W,aQ⟩ = a⟨W,Q⟩ and, coupled, ‖λW + s·aQ‖² from those three."""
+    out = sq.clone()
+    out[:, COL_Q] = sq[:, COL_Q] * a.square()
+    out[:, COL_WQ] = sq[:, COL_WQ] * a
+    if coupled:
+        out[:, COL_D] = (wd * wd * sq[:, COL_W] + 2 * wd * s * out[:, COL_WQ] + s.square() * out[:, COL_Q]).clamp_min(0)
+    return out
+
+
 def _variant(group: dict[str, Any]) -> Variant:
     return Variant(group["shape"], group["denominator"], group["decay"], group["calibration"])
 
@@ -104,6 +121,14 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     (``copy.deepcopy``, pickle, ``torch.save(opt)``) step exactly as the original would. A whole
     model's optimizer (embeddings, norms and biases on AdamW): ``orscale.OrScaleLM``.
     """
+
+    # The state kept in fp32 whatever the parameters' dtype (restored so by load_state_dict); a
+    # member with state of its own adds its keys.
+    fp32_state: ClassVar[tuple[str, ...]] = ("momentum_buffer", "c", CLIP_COUNTS)
+    # Per-matrix columns `shape_directions` adds to the step's one reduction.
+    extra_sum_columns: ClassVar[int] = 0
+    # Whether `direction_scales` gives factors (the step then keeps the norms it rescales).
+    scales_directions: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -270,7 +295,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for sid, p in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(sid, {})
-            for key in ("momentum_buffer", "c", CLIP_COUNTS):
+            for key in self.fp32_state:
                 value = saved.get(key)
                 if isinstance(value, Tensor):
                     self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
@@ -363,16 +388,19 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
     def local_sums_of_squares(
         self, work: list[GroupWork], m_hats: list[TensorList], qs: list[list[Tensor]]
     ) -> tuple[Tensor, list[list[Tensor]]]:
-        """Every norm the step needs, for every matrix, as one [N, N_COLS] fp32 tensor.
+        """Every norm the step needs, for every matrix, as one [N, N_COLS + extra_sum_columns] fp32
+        tensor.
 
         Columns: ‖W‖², ‖G‖², ‖M̂‖², ‖Q‖², ‖λW+sQ‖², ⟨W,Q⟩ — each only where the variant (or a
         diagnostic) needs it, zeros otherwise: ‖G‖ and ‖M̂‖ from the momentum pass, the others in
-        one pass over W and Q (orscale.muon_passes). Also returns what the update reads: Q as
-        orthogonalize returned it (the update pass forms D = λW + sQ from it where it is used).
+        one pass over W and Q (orscale.muon_passes); then ``shape_directions``' own columns. Also
+        returns what the update reads: Q as ``shape_directions`` returned it (the update pass forms
+        D = λW + sQ from it where it is used).
         """
         blocks, directions = [], []
         for w, q in zip(work, qs, strict=True):  # M̂ is not read again: its norms came with it
             g, v = w.group, w.variant
+            q, extra = self.shape_directions(w, list(q))
             ws = [p if p.dtype == torch.float32 else p.float() for p in self._local_params(w)]
             diag = self.track_diagnostics
             coupled = v.decay == "coupled"
@@ -382,6 +410,8 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 (coupled and diag) or v.denominator == "update",  # ‖λW + sQ‖²
                 not coupled and diag,  # ⟨W,Q⟩ gives ‖ηλW + ηrsQ‖ (update ratio) without forming it
             ]
+            if self.scales_directions and want[2]:  # ‖λW + s·aQ‖² from ‖W‖², ‖Q‖², ⟨W,Q⟩ once a is known
+                want = [True, True, False, True]
             four = update_norms_pass(ws, list(q), w.s, g["weight_decay"], want, self._compiled(w))
             zeros = torch.zeros(len(ws), dtype=torch.float32, device=ws[0].device)
             cols = [zeros] * N_COLS
@@ -391,9 +421,22 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 cols[COL_G] = norms[:, 1].square()  # "has a gradient" test
             if v.denominator in ("momentum", "rms_ratio"):
                 cols[COL_MHAT] = norms[:, 0].square()
-            blocks.append(torch.stack(cols, dim=1))
+            block = torch.stack(cols, dim=1)
+            blocks.append(block if extra is None else torch.cat([block, extra.to(torch.float32)], dim=1))
             directions.append(list(q))
         return torch.cat(blocks), directions
+
+    def shape_directions(self, w: GroupWork, qs: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        """Hook after (b): this rank's rows of each Q of `w` (as ``orthogonalize`` returned them) →
+        the step's directions, and [len(qs), extra_sum_columns] partial sums over those rows (the
+        step's reduction adds them up across ranks; None without columns). Identity here."""
+        return qs, None
+
+    def direction_scales(self, w: GroupWork, sums: Tensor, extra: Tensor) -> Tensor | None:
+        """Hook after the reduction (for a class with ``scales_directions``): each matrix's factor a
+        ([n], on the device) multiplying its direction, from the reduced norms (`sums`, [n, N_COLS])
+        and ``shape_directions``' reduced columns (`extra`); None: 1."""
+        return None
 
     def reduce_sums_of_squares(self, sums: Tensor) -> Tensor:
         """Hook for sharded execution (one all_reduce of local partial sums); identity here."""
@@ -405,7 +448,7 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
         for w, dirs in zip(work, directions, strict=True):
             n = len(w.params)
             params = self._local_params(w)
-            sq = sums[row : row + n]
+            sq, extra = sums[row : row + n, :N_COLS], sums[row : row + n, N_COLS:]
             row += n
             g, v = w.group, w.variant
             lr, wd, eps = g["lr"], g["weight_decay"], g["eps"]
@@ -414,6 +457,9 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
             s, inv = consts["s"], consts["inv_sqrt_numel"]
             if w.index is not None:
                 s, inv = s[w.index], inv[w.index]
+            a = self.direction_scales(w, sq, extra) if self.scales_directions else None
+            if a is not None:
+                sq = scaled_sums(sq, a, s, wd, v.decay == "coupled")
             norms = sq.clamp_min(0).sqrt()
             w_n, g_n, mh_n, q_n, d_n = (norms[:, i] for i in (COL_W, COL_G, COL_MHAT, COL_Q, COL_D))
             num, den = ratio_terms(v.denominator, w_n, mh_n, q_n, d_n, s, inv)
@@ -426,6 +472,10 @@ class MuonFamily(DiagnosticsMixin, torch.optim.Optimizer):
                 # coupled: W += coef·D, D = λW + sQ;  decoupled: W ← (1 − ηλ)·W, then W += coef·Q.
                 # coef stays on the device (no host sync); one pass over W and Q.
                 coef = -lr * r if coupled else -lr * r * s
+                if a is not None and coupled:  # D = λW + s·aQ: the pass reads aQ
+                    torch._foreach_mul_(dirs, list(a.unbind(0)))
+                elif a is not None:
+                    coef = coef * a
                 keep = 1.0 if coupled or wd == 0 else 1.0 - lr * wd
                 apply_pass(params, dirs, coef, w.s, wd, keep, coupled, self._compiled(w))
 

@@ -1,10 +1,12 @@
 """The Muon family (every ``orscale.variants`` row: Muon, Muon+Moonlight, OrScale, OrScale-LM and the
 design-space variants) in the optimizer table (``orscale.registry``): its options (`optim.muon`), its
-builds per placement and its ZeRO owner hooks."""
+builds per placement and its ZeRO owner hooks. A member with a step of its own (a subclass of each
+placement's class) builds and hooks the same way: ``muon_family_build``, ``muon_owner_hooks``."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -15,7 +17,7 @@ from orscale.errors import require_all
 from orscale.muon_family import MuonFamily
 from orscale.newton_schulz import NS_COEFFICIENT_SETS, NS_KERNELS
 from orscale.optimizer_spec import ZERO, Builder, OptimizerSpec, OwnerHooks
-from orscale.variants import VARIANTS
+from orscale.variants import VARIANTS, Variant
 
 if TYPE_CHECKING:
     from orscale.optim_config import OptimConfig
@@ -90,17 +92,35 @@ def muon_family_kwargs(cfg: OptimConfig) -> dict[str, Any]:
     )
 
 
-def _muon_family(use: type[MuonFamily], *exchange: str) -> Builder:
-    """A Muon-family class's build; `exchange`: the ``Exchange`` settings it takes (by name)."""
-    return lambda matrices, cfg, ex: use(matrices, **{k: getattr(ex, k) for k in exchange}, **muon_family_kwargs(cfg))
+def muon_family_build(
+    plain: type[MuonFamily],
+    replicated: type[ReplicatedMuonFamily],
+    sharded: type[ShardedMuonFamily],
+    kwargs: Callable[[OptimConfig], dict[str, Any]] = muon_family_kwargs,
+) -> dict[str, Builder]:
+    """The builds of a Muon-family step on every placement: `plain` on one process and at ZeRO's
+    owners (whole fp32 matrices), `replicated` under DDP, `sharded` under FSDP2 (each with the
+    ``Exchange`` settings it takes); `kwargs`: their keyword arguments under a config."""
+
+    def make(use: type[MuonFamily], *exchange: str) -> Builder:
+        return lambda matrices, cfg, ex: use(matrices, **{k: getattr(ex, k) for k in exchange}, **kwargs(cfg))
+
+    return {
+        "none": make(plain),
+        "ddp": make(replicated, "mode", "overlap", "bucket_numel"),
+        "fsdp": make(sharded, "replica_split", "mode", "overlap", "bucket_numel"),
+        ZERO: make(plain),
+    }
 
 
-def _muon_hooks(cfg: OptimConfig) -> OwnerHooks:
+def muon_owner_hooks(variant: Variant) -> OwnerHooks:
+    """What ZeRO's owners need of a Muon-family step with `variant`'s choices: its diagnostics per
+    matrix class, merged over the ranks, and whether it keeps calibration constants."""
     return OwnerHooks(
         None,
         lambda opt: opt.diagnostic_rows() if opt is not None else ([], [], [], []),
         merge_rows,
-        lazy_calibration=VARIANTS[cfg.name].calibration == "lazy",
+        lazy_calibration=variant.calibration == "lazy",
     )
 
 
@@ -108,14 +128,9 @@ def _muon_hooks(cfg: OptimConfig) -> OwnerHooks:
 MUON_FAMILY = OptimizerSpec(
     names=tuple(VARIANTS),
     routing="matrices",
-    build={
-        "none": _muon_family(MuonFamily),
-        "ddp": _muon_family(ReplicatedMuonFamily, "mode", "overlap", "bucket_numel"),
-        "fsdp": _muon_family(ShardedMuonFamily, "replica_split", "mode", "overlap", "bucket_numel"),
-        ZERO: _muon_family(MuonFamily),  # whole fp32 matrices at their owner rank
-    },
+    build=muon_family_build(MuonFamily, ReplicatedMuonFamily, ShardedMuonFamily),
     labels={"muon_moonlight": "Muon+Moonlight", "orscale_lm": "OrScale-LM", "muon": "Muon", "orscale": "OrScale"},
-    owner_hooks=_muon_hooks,
+    owner_hooks=lambda cfg: muon_owner_hooks(VARIANTS[cfg.name]),
     options=(MuonOptions,),
 )
 

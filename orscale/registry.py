@@ -26,6 +26,7 @@ FAMILIES: tuple[str, ...] = (
     "orscale.cbp_spec",
     "orscale.lamb_lars",
     "orscale.lion",
+    "orscale.normuon",
 )
 
 # `optim.schedule` (orscale/schedule.py)

@@ -6,8 +6,9 @@ Per bucket, one ``all_to_all_single`` sends the M̂ row shards to their owners, 
 (batched by shape), and a second one returns each rank its Q rows (in the NS dtype: bf16 Q is sent
 as bf16, bit-identical to the ``.float()`` of a single-process run). Row shards follow DTensor's
 ``Shard(0)`` layout (``row_split``: ceil(m/S) rows per rank, the last ones short or EMPTY). The
-trust ratio's norms are local partial sums in one [N, 6] tensor, summed by ONE ``all_reduce`` per
-step over the ranks that hold a matrix's rows, so every rank holds the same r and c.
+trust ratio's norms are local partial sums in one [N, 6] tensor (with a member's own columns:
+``MuonFamily.shape_directions``), summed by ONE ``all_reduce`` per step over the ranks that hold a
+matrix's rows, so every rank holds the same r and c.
 
 HSDP: every replica group holds the same shards (FSDP2 all-reduces the gradients across
 "replicate"), so by default the exchange and the norm sums stay inside the shard group and NS runs
@@ -127,12 +128,15 @@ class ShardedMuonFamily(OwnerMuonFamily):
         """Partial sums over row shards → totals: ONE all_reduce (shard group) for every matrix."""
         if self._shards > 1:
             dist.all_reduce(sums, group=self._group)
-            self._sent(self._norm_bytes(sums.shape[0]))
+            self._sent(self._all_reduce_bytes(sums.numel()))  # the tensor sent, against the plan's count
         return sums
 
     def _norm_bytes(self, n_matrices: int) -> int:
-        S = self._shards  # a ring all_reduce of [N, N_COLS] fp32: 2(S−1)/S of it
-        return int(2 * (S - 1) / S * n_matrices * N_COLS * 4) if S > 1 else 0
+        return self._all_reduce_bytes(n_matrices * (N_COLS + self.extra_sum_columns))
+
+    def _all_reduce_bytes(self, numel: int) -> int:
+        S = self._shards  # a ring all_reduce of `numel` fp32: 2(S−1)/S of it
+        return int(2 * (S - 1) / S * numel * 4) if S > 1 else 0
 
     def _bucket_bytes(self, lays: list[Layout], rank: int, q_bytes: int) -> int:
         S, me = self._shards, rank % self._shards

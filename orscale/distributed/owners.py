@@ -356,7 +356,7 @@ class OwnerMuonFamily(MuonFamily):
         raise NotImplementedError
 
     def _norm_bytes(self, n_matrices: int) -> int:
-        """Bytes this rank sends summing the [N, N_COLS] fp32 norm sums (none when local)."""
+        """Bytes this rank sends summing the [N, N_COLS + extra_sum_columns] fp32 norm sums (none when local)."""
         return 0
 
     def _to_owners(self, group: dict[str, Any], m_hats: TensorList, lays: list[Layout]) -> InFlight:

@@ -255,12 +255,12 @@ def test_bad_sweep_file_is_one_error_line(tmp_path, capsys, doc, needle):
 
 def test_ready_sweep_files():
     paper = load_sweep(ROOT / "configs/sweeps/paper.yaml")
-    assert len(paper.cells) == 12
+    assert len(paper.cells) == 16  # the paper's 12 and NorMuon's 4: one per scale at its LR, seed 42
     cell = next(c for c in paper.cells if c.id == "399m/orscale_lm/lr0.0009503-seed42")
     assert cell.base == "configs/399m.yaml" and cell.value("train.max_steps") == 11342
     assert jobs.train_argv(cell, 8)[1:6] == ["-m", "launch.launcher", "--standalone", "--nproc_per_node=8", "train.py"]
     # both LRs tuned, the shared protocol scored, OrScale-LM at Moonlight's LRs (issue 29), in both ladders
-    for path, cells in (("paper.yaml", 12), ("cpu_ladder.yaml", 60)):
+    for path, cells in (("paper.yaml", 16), ("cpu_ladder.yaml", 60)):
         s = load_sweep(ROOT / "configs/sweeps" / path)
         assert len(s.cells) == cells and s.search is not None and s.search.adamw_ratios and s.search.shared, path
         assert {g.optim for g in s.groups if g.lr_from_optim == "muon_moonlight"} == {"orscale_lm_transfer"}, path

@@ -39,6 +39,15 @@ def assert_close_lists(a, b, rtol=2e-5, atol=1e-6):
 
 
 # ---- the Muon family's tests
+def muon_family_members() -> list[str]:
+    """The optimizer table's members of the Muon family beyond its variants: a family of its own whose
+    hidden matrices go to a MuonFamily subclass (its step through the family's hooks, its own state)."""
+    from orscale.registry import OPTIMIZERS
+    from orscale.variants import VARIANTS
+
+    return [name for name, spec in OPTIMIZERS.items() if spec.routing == "matrices" and name not in VARIANTS]
+
+
 def gpt_hidden(name: str, p: torch.Tensor) -> bool:
     """This project's GPT's hidden matrices, as the paper names them: every 2-D weight inside the
     transformer blocks (an oracle independent of orscale.routing's general rule)."""

@@ -4,7 +4,8 @@ Every rank runs the single-process reference itself (plain ``MuonFamily`` + Adam
 model, no collectives), then FSDP2 (owner and replicate mode) and DDP runs from the same initial
 weights with the same synthetic gradients (fp32 Newton–Schulz), comparing every step; a DCP
 round-trip of the sharded optimizer state; and short real forward/backward runs. Each rank returns
-its numbers; the tests assert on them.
+its numbers; the tests assert on them. Besides a choice of the family's variants, every other member
+of the Muon family in the optimizer table runs here too (on the owner exchanges, and DCP's round trip).
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ from orscale import (
 from orscale.distributed.owners import row_split
 from orscale.muon_spec import MuonOptions
 from orscale.routing import canonical_name
+from tests.orscale.optim_helpers import muon_family_members
 
 PRESETS = ["muon_moonlight", "orscale_lm", "mutrust", "orscale_lm_decoupled"]
+MEMBERS = muon_family_members()  # the table's other members of the Muon family
 LRS = [0.0, 0.02, 0.05, 0.03, 0.01, 0.02]  # step 0 has lr = 0: no update, no calibration
 DROP_STEP = 3  # at this step one matrix has no gradient (the partial path)
 DROP = {"toy": "blocks.1.b.weight", "gpt": "blocks.1.attn.out.weight"}
 FLAVOURS = [("fsdp", "owner"), ("fsdp", "replicate"), ("ddp", "owner"), ("ddp", "replicate")]
+# (optimizer, the flavours it runs on): the variants on all, the other members on the owner exchanges.
+CASES = [(p, FLAVOURS) for p in PRESETS] + [(m, [f for f in FLAVOURS if f[1] == "owner"]) for m in MEMBERS]
 _SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
@@ -132,6 +137,16 @@ def cfg_for(preset: str) -> OptimConfig:
     return OptimConfig(name=preset, lr=0.02).with_options(MuonOptions(ns_dtype="fp32"))
 
 
+def matrix_states(opt: MuonFamily) -> dict[str, dict[str, torch.Tensor]]:
+    """Each matrix's optimizer-state tensors but the 0-d ones (momentum, a member's own state, the
+    clip counters), whole, by canonical name."""
+    names, params = opt.param_groups[0]["param_names"], opt.param_groups[0]["params"]
+    return {
+        canonical_name(n): {k: full(v).clone() for k, v in opt.state[p].items() if torch.is_tensor(v) and v.ndim}
+        for n, p in zip(names, params, strict=True)
+    }
+
+
 def reference(kind: str, preset: str) -> dict:
     """Single-process run: per step, full weights (by canonical name) and c."""
     model = make_model(kind)
@@ -145,12 +160,7 @@ def reference(kind: str, preset: str) -> dict:
         weights.append({canonical_name(n): p.detach().clone() for n, p in model.named_parameters()})
         cs.append(c_values(muon_of(opts)))
     muon = muon_of(opts)
-    names = muon.param_groups[0]["param_names"]
-    moms = {
-        canonical_name(n): muon.state[p]["momentum_buffer"].clone()
-        for n, p in zip(names, muon.param_groups[0]["params"], strict=True)
-    }
-    return {"weights": weights, "c": cs, "momentum": moms, "ns_calls": muon.ns_calls}
+    return {"weights": weights, "c": cs, "state": matrix_states(muon), "ns_calls": muon.ns_calls}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -215,11 +225,16 @@ def sharded_run(
         bytes_sent.append(muon.bytes_sent)
         collectives.append(muon.n_collectives)
     names = muon.param_groups[0]["param_names"]
-    mom_err = max(
-        rel(full(muon.state[p]["momentum_buffer"]), ref["momentum"][canonical_name(n)])
-        for n, p in zip(names, muon.param_groups[0]["params"], strict=True)
-    )
-    mom_is_dtensor = all(is_dtensor(muon.state[p]["momentum_buffer"]) for p in muon.param_groups[0]["params"])
+    states = matrix_states(muon)
+    assert {n: st.keys() for n, st in states.items()} == {n: st.keys() for n, st in ref["state"].items()}
+    state_err = max(rel(t, ref["state"][n][k]) for n, st in states.items() for k, t in st.items())
+    # FSDP2: every state laid out by the matrix's rows (momentum, a member's per-row state) is a DTensor
+    rows_dtensor = [
+        is_dtensor(v)
+        for p in muon.param_groups[0]["params"]
+        for v in muon.state[p].values()
+        if torch.is_tensor(v) and v.ndim == 2
+    ]
     c_plain = all(
         not is_dtensor(muon.state[p]["c"]) and muon.state[p]["c"].dtype == torch.float32
         for p in muon.param_groups[0]["params"]
@@ -234,8 +249,10 @@ def sharded_run(
         n_active=n_active,
         bytes_sent=bytes_sent,
         collectives=collectives,
-        momentum_err=mom_err,
-        momentum_is_dtensor=mom_is_dtensor,
+        state_err=state_err,
+        row_states_are_dtensors=all(rows_dtensor),
+        row_states_are_plain=not any(rows_dtensor),
+        planned_bytes=muon.planned_bytes_sent(dist.get_rank() % muon.owner_slots),
         c_plain=c_plain,
         n_matrices=len(names),
         owners=muon.owners()[0],
@@ -243,16 +260,23 @@ def sharded_run(
     )
 
 
-def dcp_roundtrip(kind: str, ckpt: str) -> dict:
-    """FSDP2 `kind` model, orscale_lm: 3 steps, save, load into a fresh model/optimizers,
-    compare; then one more identical step on both; and load the same files into one plain
+def dcp_roundtrip(kind: str, ckpt: str, preset: str = "orscale_lm") -> dict:
+    """FSDP2 `kind` model, `preset`: 3 steps, save, load into a fresh model/optimizers, compare
+    every state tensor (momentum and a member's own state: DTensor shards, incl. an empty one; c:
+    0-d fp32); then one more identical step on both; and load the same files into one plain
     process (the toy model has an empty shard on rank 1 of 2)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     def build():
         model = shard(make_model(kind), "fsdp")
-        return model, build_optimizers(model, cfg_for("orscale_lm"), backend="fsdp")
+        return model, build_optimizers(model, cfg_for(preset), backend="fsdp")
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if is_dtensor(t) else t
+
+    def same_state(x: dict, y: dict) -> bool:
+        return x.keys() == y.keys() and all(torch.equal(local(x[k]), local(y[k])) for k in x if torch.is_tensor(x[k]))
 
     model, opts = build()
     for t in range(1, 4):
@@ -269,20 +293,19 @@ def dcp_roundtrip(kind: str, ckpt: str) -> dict:
     set_state_dict(fresh, fresh_opts, model_state_dict=state["model"], optim_state_dict=state["optim"])
     a, b = muon_of(opts), muon_of(fresh_opts)
     pa, pb = a.param_groups[0]["params"], b.param_groups[0]["params"]
+    calibrated = [q for q in pb if "c" in b.state[q]]
     out = {
-        "momentum_equal": all(
-            torch.equal(a.state[p]["momentum_buffer"].to_local(), b.state[q]["momentum_buffer"].to_local())
-            for p, q in zip(pa, pb, strict=True)
+        "state_equal": all(same_state(a.state[p], b.state[q]) for p, q in zip(pa, pb, strict=True)),
+        "row_states_are_dtensors": all(
+            is_dtensor(v) for q in pb for v in b.state[q].values() if torch.is_tensor(v) and v.ndim == 2
         ),
-        "momentum_is_dtensor": all(is_dtensor(b.state[q]["momentum_buffer"]) for q in pb),
-        "c_equal": all(torch.equal(a.state[p]["c"], b.state[q]["c"]) for p, q in zip(pa, pb, strict=True)),
-        "c_positive": all(float(b.state[q]["c"]) > 0 for q in pb),
+        "c_positive": all(float(b.state[q]["c"]) > 0 for q in calibrated),
         "c_plain_fp32": all(
             not is_dtensor(b.state[q]["c"]) and b.state[q]["c"].dtype == torch.float32 and b.state[q]["c"].ndim == 0
-            for q in pb
+            for q in calibrated
         ),
     }
-    saved_moms = [full(a.state[p]["momentum_buffer"]) for p in pa]
+    saved = matrix_states(a)
     grads = synthetic_grads(model, kind, 4)
     for m, os_ in ((model, opts), (fresh, fresh_opts)):
         set_grads(m, grads)
@@ -292,19 +315,21 @@ def dcp_roundtrip(kind: str, ckpt: str) -> dict:
     out["next_step_equal"] = all(
         torch.equal(p.to_local(), q.to_local()) for p, q in zip(model.parameters(), fresh.parameters(), strict=True)
     )
-    # The sharded checkpoint into one plain (unsharded) process: full momentum and c.
+    # The sharded checkpoint into one plain (unsharded) process: every state tensor whole, and c.
     plain = make_model(kind)
-    plain_opts = build_optimizers(plain, cfg_for("orscale_lm"))
+    plain_opts = build_optimizers(plain, cfg_for(preset))
     msd, osd = get_state_dict(plain, plain_opts)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=ckpt, no_dist=True)
     set_state_dict(plain, plain_opts, model_state_dict=state["model"], optim_state_dict=state["optim"])
     c = muon_of(plain_opts)
-    pc = c.param_groups[0]["params"]
-    out["plain_momentum_equal"] = all(
-        torch.equal(m, c.state[q]["momentum_buffer"]) for m, q in zip(saved_moms, pc, strict=True)
+    out["plain_state_equal"] = all(
+        same_state(saved[n], st) and not any(is_dtensor(v) for v in st.values()) for n, st in matrix_states(c).items()
     )
-    out["plain_c_equal"] = all(torch.equal(a.state[p]["c"], c.state[q]["c"]) for p, q in zip(pa, pc, strict=True))
+    pc = c.param_groups[0]["params"]
+    out["plain_c_equal"] = all(
+        torch.equal(a.state[p]["c"], c.state[q]["c"]) for p, q in zip(pa, pc, strict=True) if "c" in a.state[p]
+    )
     return out
 
 
@@ -358,9 +383,9 @@ def run_all(ckpt: str) -> dict:
     torch.set_num_threads(1)
     results: dict = {"world": dist.get_world_size(), "runs": {}}
     for kind in ("toy", "gpt"):
-        for preset in PRESETS:
+        for preset, flavours in CASES:
             ref = reference(kind, preset)
-            for backend, mode in FLAVOURS:
+            for backend, mode in flavours:
                 key = f"{kind}/{preset}/{backend}/{mode}"
                 results["runs"][key] = sharded_run(kind, preset, backend, mode, ref)
                 results["runs"][key]["ref_c"] = ref["c"]
@@ -371,6 +396,8 @@ def run_all(ckpt: str) -> dict:
                     cap = {"fsdp": {"toy": 40, "gpt": 12288}, "ddp": {"toy": 8, "gpt": 4096}}[backend][kind]
                     results["runs"][key] = sharded_run(kind, preset, backend, "owner", ref, cap, overlap=overlap)
                     results["runs"][key]["ref_c"] = ref["c"]
-    results["dcp"] = {kind: dcp_roundtrip(kind, f"{ckpt}_{kind}") for kind in ("toy", "gpt")}
+    # the other members on the toy model alone: its uneven and empty row shards are what their state adds
+    dcp_runs = [(kind, "orscale_lm") for kind in ("toy", "gpt")] + [("toy", m) for m in MEMBERS]
+    results["dcp"] = {f"{k}/{p}": dcp_roundtrip(k, f"{ckpt}_{k}_{p}", p) for k, p in dcp_runs}
     results["real"] = {b: real_backward(b) for b in ("fsdp", "ddp")}
     return json.loads(json.dumps(results))

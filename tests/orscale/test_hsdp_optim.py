@@ -39,9 +39,9 @@ def test_four_ranks_match_one_process(worker: list[dict], key: str) -> None:
     for r, run in enumerate(ranks):
         assert run["err_matrix"] <= TOL, (r, run["err_matrix"])  # max over 6 steps and every matrix
         assert run["err_adamw"] <= TOL, (r, run["err_adamw"])
-        assert run["momentum_err"] <= TOL, (r, run["momentum_err"])
+        assert run["state_err"] <= TOL, (r, run["state_err"])
         assert run["c_err"] <= TOL, (r, run["c_err"])
-        assert run["momentum_is_dtensor"] and run["c_plain"]
+        assert run["row_states_are_dtensors"] and run["c_plain"]
     assert all(run["c"] == ranks[0]["c"] for run in ranks)  # calibration constants: bit-equal on all 4
     assert all(c > 0 for c in ranks[0]["c"][1]) and ranks[0]["c"][1] == ranks[0]["c"][-1]
     if "/hsdp/" in key:  # rank = replica·2 + shard: the two replicas of a shard hold the same bits

@@ -249,3 +249,42 @@ def test_bad_inputs() -> None:
     opt = MuonFamily(matrices(), variant="orscale_lm", decay="decoupled")
     assert opt.param_groups[0]["decay"] == "decoupled"
     assert opt.param_groups[0]["calibration"] == "lazy"
+
+
+# ----------------------------------------------------------------------------- direction hooks
+class TripledThenScaled(MuonFamily):
+    """A member that changes the direction through the step's hooks: 3Q after Newton–Schulz, each
+    matrix's rows counted through the step's reduction, then a = 2·rows/(3·m): the step runs on 2Q."""
+
+    extra_sum_columns = 1
+    scales_directions = True
+
+    def shape_directions(self, w, qs):
+        rows = torch.tensor([[float(q.shape[0])] for q in qs], device=qs[0].device)
+        return [3 * q.float() for q in qs], rows
+
+    def direction_scales(self, w, sums, extra):
+        m = torch.tensor([float(p.shape[0]) for p in w.params], device=extra.device)
+        return 2 * extra[:, 0] / (3 * m)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_hooks_that_double_the_direction_give_twice_the_shape_factor(name: str) -> None:
+    """With max(m, n) = 100, s = 1 on the direction 2Q is Moonlight's s = 0.2·√100 = 2 on Q: every
+    variant (trust ratios of ‖λW + sQ‖, ‖sQ‖ or ‖M̂‖, coupled or decoupled decay, calibration) steps
+    alike, and the diagnostics read the direction the step used (‖2Q‖)."""
+    shapes = ((100, 12), (12, 100), (100, 24), (100, 100))
+    hooked, plain = matrices(shapes), matrices(shapes)
+    a = TripledThenScaled(hooked, lr=0.02, weight_decay=0.1, variant=name, shape="one", ns_dtype="fp32")
+    b = MuonFamily(plain, lr=0.02, weight_decay=0.1, variant=name, shape="moonlight", ns_dtype="fp32")
+    for t in range(3):
+        set_grads(hooked, 1.0, seed=t)
+        set_grads(plain, 1.0, seed=t)
+        a.step()
+        b.step()
+        for (n, p), (_, q) in zip(hooked, plain, strict=True):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-7, msg=f"{n} t={t}")
+    da, db = a.matrix_diagnostics(), b.matrix_diagnostics()
+    for n, row in db.items():
+        want = {**row, "q_norm": 2 * row["q_norm"]}
+        assert da[n] == pytest.approx(want, rel=1e-5), n

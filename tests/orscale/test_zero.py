@@ -32,9 +32,10 @@ from launch.engine.torch_engine import TorchEngine
 from launch.errors import ConfigError
 from orscale.distributed.zero_layout import build_layout
 from tests.orscale import zero_worker as zw
+from tests.orscale.optim_helpers import muon_family_members
 from tests.pool import rank_pool
 
-OPTIMS = ("adamw", "muon_moonlight", "orscale_lm")
+OPTIMS = ("adamw", "muon_moonlight", "orscale_lm", *muon_family_members())  # and the Muon family's other members
 RTOL = 1e-5
 
 
