@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 FAMILIES: tuple[str, ...] = (
     "orscale.adamw",
     "orscale.muon_spec",  # every orscale.variants row
+    "orscale.normuon",
     "orscale.cbp_spec",
     "orscale.lamb_lars",
     "orscale.lion",
-    "orscale.normuon",
 )
 
 # `optim.schedule` (orscale/schedule.py)

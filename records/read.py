@@ -27,6 +27,8 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from records.config_keys import MOVED
+
 TRAIN_SAMPLES = 64  # training lines parsed per run (evenly spaced, plus the last one)
 # Training-line keys the report uses; everything else in a line is dropped right after parsing.
 TRAIN_KEYS = tuple(
@@ -96,13 +98,17 @@ class RunRecord:
     problem: str | None = None  # why the run is not finished (None: finished)
 
     def cfg(self, dotted: str, default: Any = None) -> Any:
-        """config["a"]["b"] for "a.b", or `default` where a level is missing."""
-        node: Any = self.config or {}
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        """config["a"]["b"] for "a.b", or `default` where a level is missing; a key that moved
+        (records/config_keys.py) is read where a config.yaml of the earlier layout has it."""
+        for key in (dotted, *(old for old, new in MOVED.items() if dotted in new and old != dotted)):
+            node: Any = self.config or {}
+            for part in key.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    break
+                node = node[part]
+            else:
+                return node
+        return default
 
     @property
     def finished(self) -> bool:

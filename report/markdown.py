@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from orscale.muon_spec import MuonOptions
 from orscale.registry import find_optimizer
 from orscale.variants import VARIANTS
 from report import headline
@@ -23,14 +24,14 @@ optim.weight_decay | weight decay |
 optim.betas | AdamW betas (Muon family: its AdamW part, embeddings and norms) |
 optim.eps | AdamW eps |
 optim.exempt_norms_and_embeddings | no decay on norms/embeddings |
-optim.momentum | momentum | muon
-optim.nesterov | Nesterov | muon
-optim.ns_steps | Newton–Schulz steps | muon
-optim.ns_coefficients | NS coefficients | muon
-optim.ns_dtype | NS dtype | muon
-optim.r_min | r_min | trust
-optim.r_max | r_max | trust
-optim.trust_eps | trust-ratio ε | trust
+optim.muon.momentum | momentum | muon
+optim.muon.nesterov | Nesterov | muon
+optim.muon.ns_steps | Newton–Schulz steps | muon
+optim.muon.ns_coefficients | NS coefficients | muon
+optim.muon.ns_dtype | NS dtype | muon
+optim.muon.r_min | r_min | trust
+optim.muon.r_max | r_max | trust
+optim.muon.trust_eps | trust-ratio ε | trust
 optim.warmup_steps | warmup steps (linear) |
 optim.min_lr_ratio | cosine schedule floor (× peak LR) |
 optim.grad_clip | grad clip (global norm; 0 = off) |
@@ -176,12 +177,13 @@ def _downstream(rep: Report, pngs: dict[str, str]) -> list[str]:
 
 def _applies(name: str, kind: str) -> bool:
     """Whether a setting of `kind` (HYPER) applies to optimizer `name`: the Muon family's settings
-    to its members only (the optimizer table's `matrices` routing; a name it does not register, such
-    as a report-only protocol, counts as one), its trust ratio's to the variants that have one."""
+    (`optim.muon`) to the optimizers that read them (a name the table does not register, such as a
+    report-only protocol, counts as one), its trust ratio's to the variants that have one."""
     base = name.split("#")[0]
     spec = find_optimizer(base)
-    muon = spec is None or spec.routing == "matrices"
-    trust = base not in VARIANTS or VARIANTS[base].denominator != "none"  # "none": no r, no clipping
+    muon = spec is None or MuonOptions in spec.options
+    # "none": no r, no clipping
+    trust = spec is None or (base in VARIANTS and VARIANTS[base].denominator != "none")
     return not kind or (muon and (kind == "muon" or trust))
 
 

@@ -317,6 +317,6 @@ def test_edges_holm_downstream_and_hyperparameters_from_synthetic_logs(tmp_path)
     assert (tmp_path / "out/accuracy_vs_val_loss.png").read_bytes()[:4] == b"\x89PNG"
     hyper = md.split("## Hyperparameters")[1].split("##")[0]
     assert (
-        "| momentum | `optim.momentum` | n/a | 0.95 |" in hyper
+        "| momentum | `optim.muon.momentum` | n/a | 0.95 |" in hyper
         and "| weight decay | `optim.weight_decay` | 0.1 | 0.1 |" in hyper
     )
