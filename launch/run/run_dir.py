@@ -21,7 +21,7 @@ import yaml
 from launch.errors import ConfigError
 from launch.run.provenance import environment, git_commit
 from launch.train_config import TrainConfig
-from records.read import strict_json  # the run records' one JSON rule, shared with the report
+from records.read import KINDS_READ, strict_json  # the run records' rules, shared with the report
 
 log = logging.getLogger("orscale")
 
@@ -79,8 +79,14 @@ class _Mirrors:
             )
 
     def write(self, record: dict[str, Any]) -> None:
+        # The trainer's own kinds name their keys apart (train_loss, val_loss, eval/...); a loop feature's
+        # record is tagged under its kind, so that its `tokens` or `all` lands beside no training value.
+        kind = record.get("kind", "train")
+        tag = (lambda k: k) if kind in KINDS_READ else (lambda k: f"{kind}/{k}")
         numbers = {
-            k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            tag(k): v
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
         }
         if self.tb is not None:
             for key, value in numbers.items():

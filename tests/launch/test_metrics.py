@@ -16,6 +16,7 @@ from launch.run.meter import StepMeter
 from launch.run.run_dir import check_mirrors_available
 from launch.run.train_state import TrainState
 from launch.runtime.process_group import DistEnv
+from launch.train_config import TrainConfig
 from models import GPT, get_preset
 from tests.helpers import SMALL, TINY, metrics
 
@@ -123,3 +124,21 @@ def test_a_checkpoint_without_the_meter_still_loads(tmp_path):
     assert fresh.step == 7 and meter.state_dict()["steps"] == 0
     with pytest.raises(KeyError):
         Checkpointer(tmp_path, env, [], {"train_state": fresh, "meter": meter}).load(tmp_path / "step_00000007")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_a_features_own_record_is_mirrored_under_its_kind(tmp_path):
+    """A loop feature's record (`trainer.record("probe", ...)`) keeps its keys apart from the training
+    line's in TensorBoard: `probe/tokens`, not a second `tokens`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from launch.run.run_dir import RunDir
+
+    run = RunDir(str(tmp_path), active=True)
+    run.open({"train": {"tensorboard": True}}, TrainConfig(tensorboard=True), extra={})
+    run.write({"kind": "train", "step": 1, "tokens": 64, "train_loss": 3.0})
+    run.write({"kind": "probe", "step": 1, "tokens": 64, "all": 1.5})
+    run.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["probe/all", "probe/tokens", "tokens", "train_loss"]
