@@ -248,3 +248,23 @@ def test_bad_inputs() -> None:
     opt = MuonFamily(matrices(), variant="orscale_lm", decay="decoupled")
     assert opt.param_groups[0]["decay"] == "decoupled"
     assert opt.param_groups[0]["calibration"] == "lazy"
+
+
+@pytest.mark.parametrize("name", ["Lion", "CBP", "LAMB", "LARS", "OrScaleLM without hidden matrices"])
+def test_every_optimizer_refuses_an_lr_that_is_not_a_finite_number(name) -> None:
+    """NaN passed `lr < 0` (every comparison with it is false): the optimizer then skipped no update
+    but moved nothing; a string failed on the comparison with a bare TypeError."""
+    from orscale.cbp import CBP
+    from orscale.lion import Lion
+    from orscale.trust_ratio import LAMB, LARS
+
+    build = {
+        "Lion": Lion,
+        "CBP": CBP,
+        "LAMB": LAMB,
+        "LARS": LARS,
+        "OrScaleLM without hidden matrices": lambda params, lr: OrScaleLM(nn.Sequential(nn.LayerNorm(4)), lr=lr),
+    }[name]
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), ("1e-3", TypeError)):
+        with pytest.raises(error, match=r"^lr must be a finite number ≥ 0, got "):
+            build([nn.Parameter(torch.ones(2, 2))], lr=bad)
