@@ -314,7 +314,7 @@ def optimizer_ran(optimizers: list[Any], device: Any) -> dict[str, str | None]:
     probe = torch.empty(1, 1, 1, dtype=resolve_ns_dtype(opt.param_groups[0]["ns_dtype"]), device=device)
     kernels = opt.ns_kernel == "auto" and ns_kernels.usable(probe)  # the test newton_schulz makes per batch
     asked = opt.compile_passes if opt.compile_passes is not None else device.type == "cuda"
-    failed = sorted(muon_passes._FAILED)  # the passes whose compile failed in this process (they warned once)
+    failed = muon_passes.failed_passes()
     passes = "eager" if not asked else f"compiled, except {', '.join(failed)} (eager)" if failed else "compiled"
     return {"ns": "symmetric kernels" if kernels else "matmul", "passes": passes}
 

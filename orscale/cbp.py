@@ -41,7 +41,7 @@ from typing import Any, overload
 import torch
 from torch import Tensor
 
-from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, check_number, grad_of, sums_of_squares
 
 
 def mean_energy(q: Tensor) -> Tensor:
@@ -98,8 +98,8 @@ class CBP(torch.optim.Optimizer):
         equalize: bool = True,
         precondition: bool = True,
     ) -> None:
-        if lr < 0 or weight_decay < 0:
-            raise ValueError(f"lr ({lr}) and weight_decay ({weight_decay}) must be >= 0")
+        check_number("lr", lr)
+        check_number("weight_decay", weight_decay)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         if zeta <= 0:

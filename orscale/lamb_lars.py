@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from orscale.errors import require_all
-from orscale.optim_common import ParamsT, TensorList, call_closure, grad_of, sums_of_squares
+from orscale.optim_common import ParamsT, TensorList, call_closure, check_number, grad_of, sums_of_squares
 from orscale.optimizer_spec import OptimizerSpec, elementwise_build, per_tensor_groups
 
 if TYPE_CHECKING:
@@ -170,8 +170,8 @@ class LAMB(_TrustRatioOptimizer):
         weight_decay: float = 0.0,
         trust: bool = True,
     ) -> None:
-        if lr < 0 or weight_decay < 0 or eps < 0:
-            raise ValueError(f"lr ({lr}), weight_decay ({weight_decay}), eps ({eps}) must be >= 0")
+        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps)):
+            check_number(name, value)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, trust=trust))
@@ -222,8 +222,9 @@ class LARS(_TrustRatioOptimizer):
         eps: float = 1e-8,
         trust: bool = True,
     ) -> None:
-        if lr < 0 or weight_decay < 0 or eps < 0 or trust_coefficient <= 0:
-            raise ValueError("need lr, weight_decay, eps >= 0 and trust_coefficient > 0")
+        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps)):
+            check_number(name, value)
+        check_number("trust_coefficient", trust_coefficient, lambda x: x > 0, "> 0")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         super().__init__(

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from orscale.errors import require_all
-from orscale.optim_common import ParamsT, call_closure, grad_of
+from orscale.optim_common import ParamsT, call_closure, check_number, grad_of
 from orscale.optimizer_spec import OptimizerSpec, elementwise_build, per_tensor_groups
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ class Lion(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
     ) -> None:
-        if lr < 0 or weight_decay < 0:
-            raise ValueError(f"lr ({lr}) and weight_decay ({weight_decay}) must be >= 0")
+        check_number("lr", lr)
+        check_number("weight_decay", weight_decay)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))

@@ -28,7 +28,7 @@ from orscale.distributed.ddp import ReplicatedMuonFamily
 from orscale.distributed.fsdp import ShardedMuonFamily
 from orscale.distributed.owners import MODES
 from orscale.muon_family import MuonFamily
-from orscale.optim_common import ParamsT, call_closure, copy_state
+from orscale.optim_common import ParamsT, call_closure, check_number, copy_state
 from orscale.routing import hidden_matrices
 
 KINDS: tuple[str, ...] = ("muon", "adamw")
@@ -103,6 +103,10 @@ class MuonFamilyWithAdamW(torch.optim.Optimizer):
     ) -> None:
         if muon_mode not in MODES:
             raise ValueError(f"muon_mode must be one of {', '.join(MODES)}, got {muon_mode!r}")
+        # both parts' numbers, here: a model without hidden matrices builds no Muon part to check them
+        for name, value in (("lr", lr), ("adamw_lr", adamw_lr), ("weight_decay", weight_decay)):
+            if value is not None:
+                check_number(name, value)
         adamw_lr = lr if adamw_lr is None else adamw_lr
         adamw_weight_decay = weight_decay if adamw_weight_decay is None else adamw_weight_decay
         variant = variant or self.variant

@@ -110,6 +110,11 @@ _COMPILED: dict[Callable, Callable] = {}
 _FAILED: set[str] = set()
 
 
+def failed_passes() -> list[str]:
+    """The passes whose compile failed in this process (they run eager, and warned once)."""
+    return sorted(_FAILED)
+
+
 def _run(fn: Callable, compiled: bool, *args: Any) -> Any:
     """`fn(*args)`, compiled when asked (and when compiling it worked before). Compiled, each number
     in `args` arrives as a 0-d fp32 tensor on the pass's device, so a new value reuses the graph

@@ -62,7 +62,9 @@ def run_local(cell: Cell, nproc: int) -> int:
             return 1
         finally:
             sys.argv = sweep_argv
-    return subprocess.run(argv, cwd=ROOT, env=_child_env()).returncode
+    env = _child_env()  # torchrun would give each rank one thread: each its share of the cores
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(1, nproc)))
+    return subprocess.run(argv, cwd=ROOT, env=env).returncode
 
 
 def threads_per_rank(cells_at_once: int, nproc: int) -> int:

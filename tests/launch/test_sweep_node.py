@@ -80,3 +80,9 @@ def test_concurrent_cells_share_the_cores_among_all_their_ranks(tmp_path, monkey
     assert rc == 1 and {s["threads"] for s in started} == {"16"}
     rc, started = _sweep(tmp_path / "small", monkeypatch, 0, 6, ["--jobs", "4", "--nproc", "2"])
     assert {s["threads"] for s in started} == {"1"}  # never 0
+
+
+def test_one_cell_at_a_time_of_several_ranks_gives_each_rank_its_share(tmp_path, monkeypatch):
+    # torchrun alone would give each of the 8 ranks one thread: 128 cores / 8 ranks instead.
+    rc, started = _sweep(tmp_path, monkeypatch, 8, 128, ["--jobs", "1", "--nproc", "8"])
+    assert rc == 1 and len(started) == 4 and {s["threads"] for s in started} == {"16"}

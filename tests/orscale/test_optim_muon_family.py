@@ -288,3 +288,23 @@ def test_hooks_that_double_the_direction_give_twice_the_shape_factor(name: str) 
     for n, row in db.items():
         want = {**row, "q_norm": 2 * row["q_norm"]}
         assert da[n] == pytest.approx(want, rel=1e-5), n
+
+
+@pytest.mark.parametrize("name", ["Lion", "CBP", "LAMB", "LARS", "OrScaleLM without hidden matrices"])
+def test_every_optimizer_refuses_an_lr_that_is_not_a_finite_number(name) -> None:
+    """NaN passed `lr < 0` (every comparison with it is false): the optimizer then skipped no update
+    but moved nothing; a string failed on the comparison with a bare TypeError."""
+    from orscale.cbp import CBP
+    from orscale.lion import Lion
+    from orscale.lamb_lars import LAMB, LARS
+
+    build = {
+        "Lion": Lion,
+        "CBP": CBP,
+        "LAMB": LAMB,
+        "LARS": LARS,
+        "OrScaleLM without hidden matrices": lambda params, lr: OrScaleLM(nn.Sequential(nn.LayerNorm(4)), lr=lr),
+    }[name]
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), ("1e-3", TypeError)):
+        with pytest.raises(error, match=r"^lr must be a finite number ≥ 0, got "):
+            build([nn.Parameter(torch.ones(2, 2))], lr=bad)
