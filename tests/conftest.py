@@ -87,3 +87,19 @@ def _fast_tests_start_no_process(request, monkeypatch):
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse_python)
     monkeypatch.setattr(tests.pool, "FAST_TEST", request.node.nodeid)
     yield
+
+
+# ------------------------------------------------------------------ the pool's retries
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Jobs the pool of ranks ran twice because a signal killed a worker (tests/pool.py): said at the
+    end of the report, where a CI log's last lines show them, not only among pytest's warnings."""
+    from tests.pool import RETRIES
+
+    if not RETRIES:
+        return
+    terminalreporter.write_sep(
+        "=", f"pool of ranks: {len(RETRIES)} job(s) run again after a worker was killed by a signal"
+    )
+    for retry in RETRIES:
+        for line in retry.lines():
+            terminalreporter.write_line(line)
