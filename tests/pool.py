@@ -21,7 +21,8 @@ that may be left inconsistent (a rank still inside a collective, a timeout) is r
 next job. A worker killed by a signal (a native crash: glibc's heap check aborted a long-lived
 worker once, in a FSDP2/DDP job after hundreds of jobs, not reproduced in isolation) restarts the
 pool and the job runs once more, with a `PoolRetryWarning` carrying the crash's log tail; a second
-crash fails the test. Anchors read before writing this: PyTorch's `MultiProcContinuousTest`
+crash fails the test. Each such retry is also kept in `RETRIES`, which tests/conftest.py prints as the
+last lines of pytest's report. Anchors read before writing this: PyTorch's `MultiProcContinuousTest`
 (torch/testing/_internal/common_distributed.py) and OLMo-core's `run_distributed_test`.
 """
 
@@ -32,6 +33,7 @@ import os
 import pickle
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +71,29 @@ class PoolRetryWarning(UserWarning):
     """A worker was killed by a signal during a job, which then ran again on a fresh pool."""
 
 
+@dataclass
+class Retry:
+    """A job whose worker was killed by a signal, and what its second run gave."""
+
+    test: str  # the test that ran it (pytest's id)
+    job: str
+    killed: list[str]  # "rank 1 (SIGABRT)", one per rank a signal killed
+    log: str  # the killed ranks' log tails: the native error's line, each thread's Python stack
+    outcome: str = "running again"  # then "passed on the second run" or "failed again: ..."
+
+    def lines(self, log_lines: int = 20) -> list[str]:
+        """The record as printed at the end of pytest's report: one line, then the log's last lines
+        (without the fault handler's list of extension modules, one very long line)."""
+        head = f"{self.test}: {self.job}: {', '.join(self.killed)} killed by a signal; {self.outcome}"
+        log = [line for line in self.log.splitlines() if not line.startswith("Extension modules:")]
+        return [head, *("    " + line for line in log[-log_lines:])]
+
+
+RETRIES: list[Retry] = []  # this session's, in order (tests/conftest.py prints them last)
+# A command the workers run under (a debugger or memory checker: bench/heap_soak.py's valgrind).
+WORKER_PREFIX: list[str] = []
+
+
 class RankPool:
     """n worker processes, started on first use and kept for the session."""
 
@@ -91,7 +116,8 @@ class RankPool:
         environ["ORSCALE_POOL_AUTHKEY"] = authkey.hex()
         self._logs = [Path(self._tmp.name) / f"rank{r}.log" for r in range(self.nproc)]
         for rank in range(self.nproc):
-            cmd = [sys.executable, "-m", "tests.pool_worker", host, str(port), str(rank), str(self.nproc)]
+            where = [host, str(port), str(rank), str(self.nproc)]
+            cmd = [*WORKER_PREFIX, sys.executable, "-m", "tests.pool_worker", *where]
             with open(self._logs[rank], "wb") as log:
                 self._procs.append(
                     subprocess.Popen(cmd, cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -173,20 +199,32 @@ class RankPool:
         """`fn(*args, **kwargs)` on every rank; each rank's RankResult, errors included. Raises
         PoolJobError only when the job timed out or a worker died; a worker killed by a signal gets
         the job one more run on a fresh pool (with a PoolRetryWarning)."""
-        results, crashed = self._run_once(fn, args, kwargs, group, timeout, retry=True)
-        if crashed:
+        results, killed = self._run_once(fn, args, kwargs, group, timeout)
+        if killed:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+            log = "\n".join(f"--- rank {rank}:\n{results[rank].log.rstrip()}" for rank in killed)
+            retry = Retry(
+                test, _name(fn), [f"rank {rank} ({_signal_name(code)})" for rank, code in killed.items()], log
+            )
+            RETRIES.append(retry)
             warnings.warn(
                 PoolRetryWarning(_describe(f"{_name(fn)}: a worker was killed by a signal; running it again", results)),
                 stacklevel=2,
             )
-            results, _ = self._run_once(fn, args, kwargs, group, timeout, retry=False)
+            try:
+                results, _ = self._run_once(fn, args, kwargs, group, timeout)
+            except PoolJobError as err:
+                retry.outcome = f"failed again: {str(err).splitlines()[0]}"
+                raise
+            failed = [f"rank {r.rank}: {r.error}" for r in results if r.error]
+            retry.outcome = f"failed again: {'; '.join(failed)}" if failed else "passed on the second run"
         return results
 
     def _run_once(
-        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], group: bool, timeout: float, retry: bool
-    ) -> tuple[list[RankResult], bool]:
-        """One run of the job: each rank's result, and whether a worker was killed by a signal
-        (`retry`: the caller runs it again then, so a peer left waiting is not a timeout)."""
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], group: bool, timeout: float
+    ) -> tuple[list[RankResult], dict[int, int]]:
+        """One run of the job: each rank's result, and the ranks a signal killed with their exit codes
+        (their peers are not waited for: a peer may wait in a collective, and the pool restarts)."""
         if not self.alive:
             self._kill()
             self._start()
@@ -198,7 +236,8 @@ class RankPool:
         results: dict[int, RankResult] = {}
         deadline = time.monotonic() + timeout
         pending = {conn: rank for rank, conn in enumerate(self._conns)}
-        while pending:
+        killed: dict[int, int] = {}
+        while pending and not killed:
             if results and any(r.error for r in results.values()):  # a peer may wait in a collective
                 deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
             ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
@@ -214,17 +253,19 @@ class RankPool:
                     except subprocess.TimeoutExpired:
                         code = None
                     results[rank] = RankResult(rank, error=f"the worker died (exit {code})")
+                    if code is not None and code < 0:
+                        killed[rank] = code
+        unanswered = f"no answer within {timeout:g} s" if not killed else "no answer: the job's pool was restarted"
         for rank in range(self.nproc):
             tail = _tail(self._logs[rank], offsets[rank]) if self._logs else ""
-            results.setdefault(rank, RankResult(rank, error=f"no answer within {timeout:g} s")).log = tail
+            results.setdefault(rank, RankResult(rank, error=unanswered)).log = tail
         ordered = [results[r] for r in range(self.nproc)]
-        crashed = any((p.poll() or 0) < 0 for p in self._procs)  # before _kill's own SIGKILL
         if pending or any(r.error for r in ordered):
             # A rank that timed out, died or may have left a collective half done: start afresh.
             self._kill()
-        if pending and not (crashed and retry):  # a peer of a crashed rank may wait in a collective
+        if pending and not killed:
             raise PoolJobError(_describe(f"{_name(fn)} timed out after {timeout:g} s", ordered))
-        return ordered, crashed
+        return ordered, killed
 
     def run_results(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[RankResult]:
         """`fn(*args, **kwargs)` on every rank; each rank's RankResult (its value and log tail).
@@ -253,6 +294,13 @@ def _describe(what: str, results: list[RankResult]) -> str:
         if r.log:
             lines.append(f"log tail:\n{r.log[-3000:]}")
     return "\n".join(lines)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def _tail(path: Path, offset: int = 0, limit: int = 8000) -> str:

@@ -7,6 +7,7 @@ sent, each in a process group of its own, and puts the process back as it found 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import gc
 import logging
 import os
@@ -159,6 +160,9 @@ def _run_job(
 
 def main() -> None:
     ask_for_death_signal()  # the pool's parent is pytest: if it dies, so does this worker
+    # A native crash (an abort, a segfault) writes every thread's Python stack to this rank's log,
+    # which comes back with the job's result: which job, which call.
+    faulthandler.enable()
     host, port, rank, nproc = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:5])
     conn = Client((host, port), authkey=bytes.fromhex(os.environ.pop("ORSCALE_POOL_AUTHKEY")))
     conn.send(rank)

@@ -4,6 +4,8 @@ tail, a timeout that restarts the pool, and jobs that leave nothing behind for t
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -11,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.pool import PoolJobError, PoolRetryWarning, _describe, rank_pool
+from tests.helpers import ROOT, env
+from tests.pool import RETRIES, PoolJobError, PoolRetryWarning, _describe, rank_pool
 
 pytestmark = pytest.mark.slow  # starts pools of processes
 
@@ -95,7 +98,7 @@ def test_a_job_without_a_group_sees_none():
     assert rank_pool(1).run(dist.is_initialized, group=False) == [False]
 
 
-def _abort_once_on_rank_one(marker: str) -> int:
+def _abort_once_on_rank_one(marker: str) -> float:
     """Rank 1 dies of SIGABRT (as glibc aborts on a corrupted heap) the first time; then all is well."""
     if dist.get_rank() == 1 and not os.path.exists(marker):
         open(marker, "w").close()
@@ -112,10 +115,68 @@ def _abort_on_rank_one() -> None:
 
 def test_a_worker_killed_by_a_signal_gets_the_job_one_more_run_and_says_so(tmp_path):
     pool = rank_pool(2)
-    starts = pool.starts
+    pool.run(_rank_and_sum)  # started
+    starts, retries = pool.starts, len(RETRIES)
     with pytest.warns(PoolRetryWarning, match=r"(?s)killed by a signal; running it again.*exit -6.*crashing now"):
         assert pool.run(_abort_once_on_rank_one, str(tmp_path / "crashed")) == [3.0, 3.0]
     assert pool.starts == starts + 1
     with pytest.warns(PoolRetryWarning), pytest.raises(PoolJobError, match=r"--- rank 1: the worker died \(exit -6\)"):
         pool.run(_abort_on_rank_one, timeout=60)  # twice: it fails, as any other failure does
     assert pool.run(_rank_and_sum) == [(0, 2, 3.0), (1, 2, 3.0)]
+    once, twice = RETRIES[retries:]
+    assert (once.job, once.killed, once.outcome) == (
+        f"{__name__}._abort_once_on_rank_one",
+        ["rank 1 (SIGABRT)"],
+        "passed on the second run",
+    )
+    assert once.test.endswith("::test_a_worker_killed_by_a_signal_gets_the_job_one_more_run_and_says_so")
+    assert "crashing now" in once.log and "Fatal Python error: Aborted" in once.log  # the worker's fault handler
+    assert (
+        twice.outcome
+        == "failed again: rank 0: no answer: the job's pool was restarted; rank 1: the worker died (exit -6)"
+    )
+    del RETRIES[retries:]  # expected here: not retries of this session's jobs to report at its end
+
+
+def _abort_the_first_time(marker: str) -> str:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        print("crashing now", file=sys.stderr, flush=True)
+        os.abort()
+    return "ran again"
+
+
+RETRIED = """
+import pytest
+
+from tests.pool import rank_pool
+from tests.test_pool import _abort_the_first_time
+
+
+@pytest.mark.slow
+def test_crashes_once(tmp_path):
+    assert rank_pool(1).run(_abort_the_first_time, str(tmp_path / "crashed"), group=False) == ["ran again"]
+"""
+
+
+def test_a_retried_job_is_in_the_last_lines_of_the_report(tmp_path):
+    """What a CI log's tail shows: the test, the job, the rank and its signal, the second run's outcome and
+    the worker's last lines, just above pytest's counts (not only in the warnings summary)."""
+    (tmp_path / "test_retried.py").write_text(RETRIED)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
+    cmd += ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest"]  # this suite's settings and hooks
+    proc = subprocess.run(
+        [*cmd, str(tmp_path / "test_retried.py")], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    last = proc.stdout.splitlines()[-25:]
+    assert re.fullmatch(r"1 passed, 1 warning in .*", last[-1]), last
+    heads = [i for i, line in enumerate(last) if "job(s) run again after a worker was killed by a signal" in line]
+    assert heads, last
+    record = last[heads[0] + 1 :]
+    assert re.fullmatch(
+        r"test_retried.py::test_crashes_once: tests.test_pool._abort_the_first_time: rank 0 \(SIGABRT\) "
+        r"killed by a signal; passed on the second run",
+        record[0],
+    ), record
+    assert any("_abort_the_first_time" in line for line in record[1:])  # the fault handler's stack

@@ -178,6 +178,7 @@ def test_truncation_keeps_the_continuation() -> None:
     assert (batch.targets[batch.mask] >= 0).all()
 
 
+@pytest.mark.task_data
 def test_load_task_hellaswag_and_subsample() -> None:
     task = load_task("hellaswag", 0)
     assert len(task.docs) == task.num_total == 10042 and task.primary == "acc_norm" and task.licence == "MIT"
@@ -191,6 +192,7 @@ def test_load_task_hellaswag_and_subsample() -> None:
     assert all(ctx.count("Question:") >= 6 for d in arc.docs for ctx, _ in d.choices)  # 5 shots + the question
 
 
+@pytest.mark.task_data
 def test_every_task_loads() -> None:
     root = package_root()
     for name in TASK_NAMES:
@@ -277,6 +279,7 @@ def test_wilson_and_summary() -> None:
     assert (chance_note(near), chance_note(far), chance_note(below)) == ("at chance", "", "below chance")
 
 
+@pytest.mark.task_data
 def test_end_to_end_real_tokenizer(one_thread, gpt2_tokenizer) -> None:
     from models.gpt import GPT, GPTConfig
 

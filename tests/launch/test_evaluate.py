@@ -77,6 +77,7 @@ def cli(*args: str) -> int:
     return main([*args, "--tasks", *TASKS, "--max-examples", str(N), "--device", "cpu"])
 
 
+@pytest.mark.task_data
 def test_native_equals_hf_export(exported, tmp_path, capsys):
     """The checkpoint and its HF export: the same tokens, per-example log-likelihoods within 1e-4,
     identical accuracies."""
@@ -103,6 +104,7 @@ def test_native_equals_hf_export(exported, tmp_path, capsys):
     assert hf_tok(texts, add_special_tokens=False)["input_ids"] == ours.encode_batch(texts)
 
 
+@pytest.mark.task_data
 def test_cli_table_json_and_default_out(exported, capsys):
     model, run_dir, step, _ = exported
     assert cli("--checkpoint", str(run_dir)) == 0
@@ -134,6 +136,7 @@ def test_cli_table_json_and_default_out(exported, capsys):
     assert [p.name for p in out.parent.iterdir()] == ["step_7.json"]
 
 
+@pytest.mark.task_data
 def test_cli_errors_are_one_line(exported, monkeypatch, tmp_path, capsys):
     _, _, step, _ = exported
     assert main(["--checkpoint", str(step), "--tasks", "arc_easy", "nope", "--out", str(tmp_path / "x.json")]) == 2
@@ -152,6 +155,7 @@ def test_cli_errors_are_one_line(exported, monkeypatch, tmp_path, capsys):
     assert err.count("\n") == 1 and not (tmp_path / "y.json").exists()
 
 
+@pytest.mark.task_data
 def test_score_tasks_restores_train_mode_and_matches_full_logits(one_thread):
     """The loop's entry point on a plain GPT (its fast head-on-continuations path) equals scoring the
     full logits, leaves the model in train mode, and gives every eval/<task>/<key>."""
@@ -209,6 +213,7 @@ def _launch(run_dir: Path, nproc: int, backend: str) -> list[dict]:
     return [m for m in metrics(run_dir) if any(k.startswith("eval/") for k in m)]
 
 
+@pytest.mark.task_data
 @pytest.mark.slow
 def test_loop_writes_eval_records(loop_runs):
     records = loop_runs["single"]
@@ -219,6 +224,7 @@ def test_loop_writes_eval_records(loop_runs):
         assert r["tokens"] == 512 * r["step"] and r["eval/piqa/n"] == N and r["eval/piqa/chance"] == 0.5
 
 
+@pytest.mark.task_data
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", ["fsdp", "zero2"])

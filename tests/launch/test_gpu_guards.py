@@ -166,6 +166,7 @@ def test_tf32_is_a_train_setting_recorded_in_the_run(tmp_path):
 
 
 # ------------------------------------------------------------------ 5. compiled evaluation
+@pytest.mark.task_data
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_downstream_scoring_of_a_compiled_model_meets_at_most_four_shapes():
