@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps, ticker
 
-from report.analysis import Report
+from report.analysis import MIN_SCALES, Report
 from report.fmt import fmt_point, opt_name, order
 from report.plots import LOSS, MARKERS, color, empty, figure, fit_ylim, log_axis, n_axis, save, shade
 from report.runs import Score, usable
@@ -66,7 +66,7 @@ def params(rep: Report, path: Path) -> None:
         n_axis(ax, all_n)
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel("final " + LOSS)
-        ax.set_title("Final loss at the best LR; lines: L(N) fits, shading: their 95% band", fontsize=9)
+        ax.set_title(_params_title(sc["fits"], names, src["fits"]), fontsize=9)
         ax.errorbar([], [], yerr=[], fmt="o", color="grey", label="bars: 95% t-interval over seeds")
         ax.legend(fontsize=7, loc="upper right")
     else:
@@ -90,6 +90,15 @@ def params(rep: Report, path: Path) -> None:
         fig.delaxes(ax_gap)
     rep.figures["loss_vs_params"] = src
     save(fig, path, "Scaling with model size")
+
+
+def _params_title(fits: dict[str, Any], names: list[str], drawn: dict[str, Any]) -> str:
+    """The panel's title says which curves are drawn: L(N) needs MIN_SCALES finished scales."""
+    if not drawn:
+        return f"Final loss at the best LR (no L(N) fit: it needs ≥ {MIN_SCALES} scales)"
+    missing = [opt_name(n) for n in names if n in fits and n not in drawn]
+    tail = f"\nno fit for {', '.join(missing)} (< {MIN_SCALES} scales)" if missing else ""
+    return "Final loss at the best LR; lines: L(N) fits, shading: their 95% band" + tail
 
 
 def lr(rep: Report, path: Path) -> None:
@@ -119,26 +128,36 @@ def lr(rep: Report, path: Path) -> None:
         ax.set_title(title, fontsize=9, color=color(name))
         ax.legend(fontsize=7, loc="best")
     if transfer:
-        _best_vs_width(axes[len(names)], t, names)
+        best_vs_width(axes[len(names)], t, names)
     if not names:
         empty(axes[0], "no finished LR search yet")
     rep.figures["loss_vs_lr"] = src
     save(fig, path, "Final validation loss against peak LR, per width")
 
 
-def _best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
-    for name in names:
+FIT_STYLES = ("-", "--", ":", "-.")
+
+
+def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
+    """Each optimizer's best LR against width and its fitted line. Optimizers often share a grid LR:
+    each gets its own marker and line style, and its points sit a little to the side of the width
+    (as in the scaling panel), so coinciding ones stay visible."""
+    for j, name in enumerate(names):
         pts = sorted(t["points"][name], key=lambda p: p["d_model"])
         d = np.array([p["d_model"] for p in pts], float)
+        dodged = d * 1.04 ** (j - (len(names) - 1) / 2)
         best = np.array([p["vertex_lr"] or p["best_lr"] for p in pts])
         s = t["fits"][name]["slope"]
         edge = np.array([bool(p["edge"]) for p in pts])
         label = opt_name(name) + ("" if s is None else f": slope {s.slope:+.2f}")
-        ax.plot(d[~edge], best[~edge], "o", color=color(name), label=label)
+        mark = {"marker": MARKERS[j % len(MARKERS)], "ls": "none", "color": color(name), "mec": "black", "mew": 0.5}
+        ax.plot(dodged[~edge], best[~edge], label=label, **mark)
         if edge.any():  # a grid-edge optimum is a bound, not an estimate: drawn open
-            ax.plot(d[edge], best[edge], "o", mfc="none", color=color(name), label=f"{opt_name(name)}: at a grid edge")
+            open_mark = mark | {"mfc": "none", "mec": color(name), "mew": 1.2}
+            ax.plot(dodged[edge], best[edge], label=f"{opt_name(name)}: at a grid edge", **open_mark)
         if s is not None:
-            ax.plot(d, 2 ** (s.intercept + s.slope * np.log2(d)), "-", color=color(name), alpha=0.7)
+            fit = 2 ** (s.intercept + s.slope * np.log2(d))
+            ax.plot(d, fit, FIT_STYLES[j % len(FIT_STYLES)], color=color(name), alpha=0.8, lw=1.4)
     ax.set_xscale("log", base=2)
     optima = {p["vertex_lr"] or p["best_lr"] for pts in t["points"].values() for p in pts}
     if len(optima) == 1:  # every optimum at one LR: give the axis an octave each way, not a zero span
