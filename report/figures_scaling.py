@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib import colormaps, ticker
+from matplotlib.lines import Line2D
 
 from report.analysis import MIN_SCALES, Report
 from report.fmt import fmt_point, opt_name, order
@@ -142,6 +143,8 @@ def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
     """Each optimizer's best LR against width and its fitted line. Optimizers often share a grid LR:
     each gets its own marker and line style, and its points sit a little to the side of the width
     (as in the scaling panel), so coinciding ones stay visible."""
+    handles: list[Line2D] = []
+    labels: list[str] = []
     for j, name in enumerate(names):
         pts = sorted(t["points"][name], key=lambda p: p["d_model"])
         d = np.array([p["d_model"] for p in pts], float)
@@ -150,14 +153,18 @@ def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
         s = t["fits"][name]["slope"]
         edge = np.array([bool(p["edge"]) for p in pts])
         label = opt_name(name) + ("" if s is None else f": slope {s.slope:+.2f}")
-        mark = {"marker": MARKERS[j % len(MARKERS)], "ls": "none", "color": color(name), "mec": "black", "mew": 0.5}
-        ax.plot(dodged[~edge], best[~edge], label=label, **mark)
+        mark = {"marker": MARKERS[j % len(MARKERS)], "color": color(name), "mec": "black", "mew": 0.5}
+        style = FIT_STYLES[j % len(FIT_STYLES)] if s is not None else "none"
+        ax.plot(dodged[~edge], best[~edge], ls="none", **mark)
+        handles.append(Line2D([], [], ls=style, **mark))  # the legend shows marker and fit line together
+        labels.append(label)
         if edge.any():  # a grid-edge optimum is a bound, not an estimate: drawn open
             open_mark = mark | {"mfc": "none", "mec": color(name), "mew": 1.2}
-            ax.plot(dodged[edge], best[edge], label=f"{opt_name(name)}: at a grid edge", **open_mark)
+            handles.append(ax.plot(dodged[edge], best[edge], ls="none", **open_mark)[0])
+            labels.append(f"{opt_name(name)}: at a grid edge")
         if s is not None:
             fit = 2 ** (s.intercept + s.slope * np.log2(d))
-            ax.plot(d, fit, FIT_STYLES[j % len(FIT_STYLES)], color=color(name), alpha=0.8, lw=1.4)
+            ax.plot(d, fit, style, color=color(name), alpha=0.8, lw=1.4)
     ax.set_xscale("log", base=2)
     optima = {p["vertex_lr"] or p["best_lr"] for pts in t["points"].values() for p in pts}
     if len(optima) == 1:  # every optimum at one LR: give the axis an octave each way, not a zero span
@@ -170,7 +177,7 @@ def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
     ax.set_xlabel("width d_model")
     ax.set_ylabel("best peak LR (parabola optimum, else grid best)")
     ax.set_title("LR transfer: best LR against width", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(handles, labels, fontsize=7, loc="best")
 
 
 def lr_grid(rep: Report, path: Path) -> bool:
@@ -241,10 +248,13 @@ def efficiency(rep: Report, path: Path) -> bool:
                 s = r.groups[name].score
                 ax.errorbar([r.tokens], [s.mean], yerr=np.c_[_t_err(s)], fmt="o", capsize=3, color=color(name))
                 src.append({"scale": e["scale"], "optim": name, "tokens": r.tokens, "mean": s.mean})
+        others = order({x["optim"] for x in e["rows"]})
         for x in (x for x in e["rows"] if math.isfinite(x["adamw_tokens"])):
             arrow = {"arrowstyle": "->", "color": color(x["optim"]), "lw": 0.8}
             ax.annotate("", xy=(x["adamw_tokens"], x["loss"]), xytext=(x["tokens"], x["loss"]), arrowprops=arrow)
-            ax.text(x["tokens"], x["loss"], f" {x['speedup']:.2g}×", fontsize=7, color=color(x["optim"]), va="bottom")
+            above = 4 + 10 * others.index(x["optim"])  # points: one line per optimizer, clear of the markers
+            where = {"xytext": (-6, above), "textcoords": "offset points", "ha": "right", "va": "bottom"}
+            ax.annotate(f"{x['speedup']:.2g}×", (x["tokens"], x["loss"]), fontsize=7, color=color(x["optim"]), **where)
         for name in order({n for r in rows for n in r.groups}):
             ax.plot([], [], "o", color=color(name), label=f"{opt_name(name)} (95% t-interval)")
         ax.set_xscale("log")

@@ -87,7 +87,8 @@ def _wins(rep: Report) -> list[str]:
         "",
         "Final validation loss (nats/token) at each optimizer's best LR: mean ± std over the scored seeds (n), "
         "the LR in brackets. ⚠: the best LR sits at an edge of its LR grid, so that optimizer is not tuned and "
-        "its Δ is not a tuned comparison.",
+        "its Δ is not a tuned comparison; the last column names a winner only where every other optimizer's best "
+        'LR is inside its grid ("untuned: no winner" otherwise).',
         "",
     ]
     body = []
