@@ -153,7 +153,7 @@ def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
         s = t["fits"][name]["slope"]
         edge = np.array([bool(p["edge"]) for p in pts])
         label = opt_name(name) + ("" if s is None else f": slope {s.slope:+.2f}")
-        mark = {"marker": MARKERS[j % len(MARKERS)], "color": color(name), "mec": "black", "mew": 0.5}
+        mark: dict[str, Any] = {"marker": MARKERS[j % len(MARKERS)], "color": color(name), "mec": "black", "mew": 0.5}
         style = FIT_STYLES[j % len(FIT_STYLES)] if s is not None else "none"
         ax.plot(dodged[~edge], best[~edge], ls="none", **mark)
         handles.append(Line2D([], [], ls=style, **mark))  # the legend shows marker and fit line together
