@@ -141,14 +141,16 @@ FIT_STYLES = ("-", "--", ":", "-.")
 
 def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
     """Each optimizer's best LR against width and its fitted line. Optimizers often share a grid LR:
-    each gets its own marker and line style, and its points sit a little to the side of the width
-    (as in the scaling panel), so coinciding ones stay visible."""
+    each gets its own marker and line style, and its points sit a little (3% of the axis) to the side
+    of the width, so coinciding ones stay visible."""
     handles: list[Line2D] = []
     labels: list[str] = []
+    widths = [p["d_model"] for pts in t["points"].values() for p in pts]
+    step = (max(widths) / min(widths)) ** 0.03 if widths and max(widths) > min(widths) else 1.04  # 3% of the axis
     for j, name in enumerate(names):
         pts = sorted(t["points"][name], key=lambda p: p["d_model"])
         d = np.array([p["d_model"] for p in pts], float)
-        dodged = d * 1.04 ** (j - (len(names) - 1) / 2)
+        dodged = d * step ** (j - (len(names) - 1) / 2)
         best = np.array([p["vertex_lr"] or p["best_lr"] for p in pts])
         s = t["fits"][name]["slope"]
         edge = np.array([bool(p["edge"]) for p in pts])

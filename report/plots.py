@@ -113,7 +113,7 @@ def eval_curve(runs: list) -> tuple[np.ndarray, np.ndarray] | None:
 
 def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
     """Cut the y axis at the highest loss after the first 15% of training, so the end (where the
-    optimizers differ) is readable; True when something was cut."""
+    optimizers differ) is readable; True when some loss drawn lies above the cut."""
     late = [y[:, x >= 0.15 * x.max()] for x, y in zip(xs, ys, strict=True) if x.size and np.isfinite(y).any()]
     vals = np.concatenate([v.ravel() for v in late]) if late else np.array([])
     vals = vals[np.isfinite(vals)]
@@ -122,7 +122,8 @@ def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
     lo, hi = float(vals.min()), float(vals.max())
     pad = 0.05 * (hi - lo or 0.1)
     ax.set_ylim(lo - pad, hi + pad)
-    return True
+    drawn = np.concatenate([y.ravel() for y in ys]) if ys else np.array([])
+    return bool(np.any(drawn[np.isfinite(drawn)] > hi + pad))
 
 
 def fit_ylim(ax: Any, curves: list[list[float]]) -> bool:

@@ -13,7 +13,7 @@ from PIL import Image
 from report import build as report
 from report.figures_scaling import best_vs_width
 from report.fmt import order
-from report.plots import figure, save
+from report.plots import clip_top, figure, save
 from tests.report.test_report import fake_run
 
 OPTIMS = ("adamw", "muon_moonlight", "orscale_lm")
@@ -80,3 +80,16 @@ def test_a_scale_has_one_name_in_every_section(sweep):
         rows = [line for line in md.splitlines() if line.startswith("| ") and f"d{d}" in line]
         assert rows and all(line.split("|")[1].strip() == scale for line in rows if "[L1,d" in line), rows
         assert f"### tiny[L1,d{d}]" not in md
+
+
+def test_a_panel_says_its_y_axis_is_cut_only_when_a_loss_lies_above_the_cut():
+    x = np.array([100.0, 500.0, 1000.0])
+    fig, axes = figure(2)
+    early_high, early_within = np.array([[9.0, 5.0, 4.0]]), np.array([[4.5, 4.6, 4.0]])  # 100 tokens: early
+    assert clip_top(axes[0], [early_high], [x]) and axes[0].get_ylim()[1] < 9.0
+    assert not clip_top(axes[1], [early_within], [x]) and axes[1].get_ylim()[1] >= 4.6
+
+
+def test_curves_of_one_evaluation_are_not_called_cut(sweep):
+    text = Image.open(sweep / "out/val_loss_vs_tokens.png").text
+    assert "w32: L1 d32, 10 steps × 64 tokens" in text["Description"] and "cut" not in text["Description"]
