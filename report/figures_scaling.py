@@ -119,7 +119,7 @@ def lr(rep: Report, path: Path) -> None:
             best_loss = p["losses"][p["lrs"].index(p["best_lr"])]
             ax.plot([p["best_lr"]], [best_loss], "*", ms=13, color=c, mec="black", mew=0.6)
             src.append({"optim": name, **{k2: p[k2] for k2 in ("scale", "d_model", "lrs", "losses", "best_lr")}})
-        ax.plot([], [], "*", ms=11, color="white", mec="black", label="★ best LR")
+        ax.plot([], [], "*", ms=11, color="white", mec="black", label="best LR")
         ax.set_xscale("log")
         log_axis(ax.xaxis)
         ax.set_xlabel("peak LR")
