@@ -47,6 +47,30 @@ PAIRS = (("orscale_lm", "muon_moonlight"), ("orscale_lm", "adamw"), ("muon_moonl
 
 
 @dataclass
+class Winner:
+    """A row's lowest final loss and the runner-up (Δ = first − second, paired by seed), and the
+    optimizers whose best LR sits at an edge of their grid: untuned, so their place is not known."""
+
+    first: str
+    second: str
+    gap: float
+    comparison: Comparison | None
+    compared: list[str]  # every optimizer of the row with final numbers
+    untuned: list[str]
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the lowest loss is a tuned result: every other optimizer's best LR is interior (the
+        lowest's own edge only means it could do better still)."""
+        return not [n for n in self.untuned if n != self.first]
+
+    @property
+    def none_tuned(self) -> bool:
+        """Every optimizer's best LR at an edge: no comparison in the row is tuned."""
+        return set(self.untuned) == set(self.compared)
+
+
+@dataclass
 class Report:
     root: Path
     runs: list[RunRecord]
@@ -57,7 +81,7 @@ class Report:
     comparisons: dict[tuple[str, str, str], Comparison | None] = field(default_factory=dict)
     series: list[Row] = field(default_factory=list)  # the largest scaling series, by N
     ordered: list[Row] = field(default_factory=list)  # the series first, then the other budgets
-    winners: dict[str, tuple[str, str, float, Comparison | None]] = field(default_factory=dict)
+    winners: dict[str, Winner] = field(default_factory=dict)  # row name -> its lowest loss, when >= 2 groups
     speedup: list[dict[str, Any]] = field(default_factory=list)
     transfer: dict[str, Any] = field(default_factory=dict)
     scaling: dict[str, Any] = field(default_factory=dict)
@@ -117,7 +141,9 @@ def analyse(
         if len(good) >= 2:
             first, second = sorted(good, key=lambda n: good[n].score.mean)[:2]
             a, b = good[first].score, good[second].score
-            rep.winners[row.name] = (first, second, a.mean - b.mean, compare(a.losses, b.losses))
+            untuned = [n for n in order(good) if good[n].edge]
+            comparison = compare(a.losses, b.losses)
+            rep.winners[row.name] = Winner(first, second, a.mean - b.mean, comparison, order(good), untuned)
     rep.speedup = _speedup(rows, rep.series)
     rep.transfer = _lr_transfer(rep.series)
     rep.scaling = _scaling(rep)

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 from matplotlib import colormaps, ticker
+from matplotlib.lines import Line2D
 
-from report.analysis import Report
+from report.analysis import MIN_SCALES, Report
 from report.fmt import fmt_point, opt_name, order
 from report.plots import LOSS, MARKERS, color, empty, figure, fit_ylim, log_axis, n_axis, save, shade
 from report.runs import Score, usable
@@ -66,7 +67,7 @@ def params(rep: Report, path: Path) -> None:
         n_axis(ax, all_n)
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel("final " + LOSS)
-        ax.set_title("Final loss at the best LR; lines: L(N) fits, shading: their 95% band", fontsize=9)
+        ax.set_title(_params_title(sc["fits"], names, src["fits"]), fontsize=9)
         ax.errorbar([], [], yerr=[], fmt="o", color="grey", label="bars: 95% t-interval over seeds")
         ax.legend(fontsize=7, loc="upper right")
     else:
@@ -92,6 +93,15 @@ def params(rep: Report, path: Path) -> None:
     save(fig, path, "Scaling with model size")
 
 
+def _params_title(fits: dict[str, Any], names: list[str], drawn: dict[str, Any]) -> str:
+    """The panel's title says which curves are drawn: L(N) needs MIN_SCALES finished scales."""
+    if not drawn:
+        return f"Final loss at the best LR (no L(N) fit: it needs ≥ {MIN_SCALES} scales)"
+    missing = [opt_name(n) for n in names if n in fits and n not in drawn]
+    tail = f"\nno fit for {', '.join(missing)} (< {MIN_SCALES} scales)" if missing else ""
+    return "Final loss at the best LR; lines: L(N) fits, shading: their 95% band" + tail
+
+
 def lr(rep: Report, path: Path) -> None:
     """One panel per optimizer: final loss against LR, one curve per width; then best LR vs width."""
     t = rep.transfer
@@ -109,7 +119,7 @@ def lr(rep: Report, path: Path) -> None:
             best_loss = p["losses"][p["lrs"].index(p["best_lr"])]
             ax.plot([p["best_lr"]], [best_loss], "*", ms=13, color=c, mec="black", mew=0.6)
             src.append({"optim": name, **{k2: p[k2] for k2 in ("scale", "d_model", "lrs", "losses", "best_lr")}})
-        ax.plot([], [], "*", ms=11, color="white", mec="black", label="★ best LR")
+        ax.plot([], [], "*", ms=11, color="white", mec="black", label="best LR")
         ax.set_xscale("log")
         log_axis(ax.xaxis)
         ax.set_xlabel("peak LR")
@@ -119,26 +129,44 @@ def lr(rep: Report, path: Path) -> None:
         ax.set_title(title, fontsize=9, color=color(name))
         ax.legend(fontsize=7, loc="best")
     if transfer:
-        _best_vs_width(axes[len(names)], t, names)
+        best_vs_width(axes[len(names)], t, names)
     if not names:
         empty(axes[0], "no finished LR search yet")
     rep.figures["loss_vs_lr"] = src
     save(fig, path, "Final validation loss against peak LR, per width")
 
 
-def _best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
-    for name in names:
+FIT_STYLES = ("-", "--", ":", "-.")
+
+
+def best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
+    """Each optimizer's best LR against width and its fitted line. Optimizers often share a grid LR:
+    each gets its own marker and line style, and its points sit a little (3% of the axis) to the side
+    of the width, so coinciding ones stay visible."""
+    handles: list[Line2D] = []
+    labels: list[str] = []
+    widths = [p["d_model"] for pts in t["points"].values() for p in pts]
+    step = (max(widths) / min(widths)) ** 0.03 if widths and max(widths) > min(widths) else 1.04  # 3% of the axis
+    for j, name in enumerate(names):
         pts = sorted(t["points"][name], key=lambda p: p["d_model"])
         d = np.array([p["d_model"] for p in pts], float)
+        dodged = d * step ** (j - (len(names) - 1) / 2)
         best = np.array([p["vertex_lr"] or p["best_lr"] for p in pts])
         s = t["fits"][name]["slope"]
         edge = np.array([bool(p["edge"]) for p in pts])
         label = opt_name(name) + ("" if s is None else f": slope {s.slope:+.2f}")
-        ax.plot(d[~edge], best[~edge], "o", color=color(name), label=label)
+        mark: dict[str, Any] = {"marker": MARKERS[j % len(MARKERS)], "color": color(name), "mec": "black", "mew": 0.5}
+        style = FIT_STYLES[j % len(FIT_STYLES)] if s is not None else "none"
+        ax.plot(dodged[~edge], best[~edge], ls="none", **mark)
+        handles.append(Line2D([], [], ls=style, **mark))  # the legend shows marker and fit line together
+        labels.append(label)
         if edge.any():  # a grid-edge optimum is a bound, not an estimate: drawn open
-            ax.plot(d[edge], best[edge], "o", mfc="none", color=color(name), label=f"{opt_name(name)}: at a grid edge")
+            open_mark = mark | {"mfc": "none", "mec": color(name), "mew": 1.2}
+            handles.append(ax.plot(dodged[edge], best[edge], ls="none", **open_mark)[0])
+            labels.append(f"{opt_name(name)}: at a grid edge")
         if s is not None:
-            ax.plot(d, 2 ** (s.intercept + s.slope * np.log2(d)), "-", color=color(name), alpha=0.7)
+            fit = 2 ** (s.intercept + s.slope * np.log2(d))
+            ax.plot(d, fit, style, color=color(name), alpha=0.8, lw=1.4)
     ax.set_xscale("log", base=2)
     optima = {p["vertex_lr"] or p["best_lr"] for pts in t["points"].values() for p in pts}
     if len(optima) == 1:  # every optimum at one LR: give the axis an octave each way, not a zero span
@@ -151,7 +179,7 @@ def _best_vs_width(ax: Any, t: dict[str, Any], names: list[str]) -> None:
     ax.set_xlabel("width d_model")
     ax.set_ylabel("best peak LR (parabola optimum, else grid best)")
     ax.set_title("LR transfer: best LR against width", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(handles, labels, fontsize=7, loc="best")
 
 
 def lr_grid(rep: Report, path: Path) -> bool:
@@ -222,10 +250,13 @@ def efficiency(rep: Report, path: Path) -> bool:
                 s = r.groups[name].score
                 ax.errorbar([r.tokens], [s.mean], yerr=np.c_[_t_err(s)], fmt="o", capsize=3, color=color(name))
                 src.append({"scale": e["scale"], "optim": name, "tokens": r.tokens, "mean": s.mean})
+        others = order({x["optim"] for x in e["rows"]})
         for x in (x for x in e["rows"] if math.isfinite(x["adamw_tokens"])):
             arrow = {"arrowstyle": "->", "color": color(x["optim"]), "lw": 0.8}
             ax.annotate("", xy=(x["adamw_tokens"], x["loss"]), xytext=(x["tokens"], x["loss"]), arrowprops=arrow)
-            ax.text(x["tokens"], x["loss"], f" {x['speedup']:.2g}×", fontsize=7, color=color(x["optim"]), va="bottom")
+            above = 4 + 10 * others.index(x["optim"])  # points: one line per optimizer, clear of the markers
+            where = {"xytext": (-6, above), "textcoords": "offset points", "ha": "right", "va": "bottom"}
+            ax.annotate(f"{x['speedup']:.2g}×", (x["tokens"], x["loss"]), fontsize=7, color=color(x["optim"]), **where)
         for name in order({n for r in rows for n in r.groups}):
             ax.plot([], [], "o", color=color(name), label=f"{opt_name(name)} (95% t-interval)")
         ax.set_xscale("log")

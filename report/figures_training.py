@@ -58,8 +58,7 @@ def curves(rep: Report, path: Path) -> None:
             src.append({"row": row.short, "optim": name, "lr": g.best[0], "adamw_lr": g.best[1]})
             src[-1].update(tokens=x.tolist(), mean=mean.tolist())
         cut = clip_top(ax, ys, xs)
-        title = f"{row.short}: L{row.n_layer} d{row.d_model}, {row.steps} steps × {row.tokens_per_step:,} tokens"
-        ax.set_title(title + ("\n(y axis cut: the early losses are off the top)" if cut else ""), fontsize=9)
+        ax.set_title(row.title + ("\n(y axis cut: the early losses are off the top)" if cut else ""), fontsize=9)
         ax.set_xlabel("training tokens")
         ax.set_ylabel(LOSS)
         ax.fill_between([], [], [], color="grey", alpha=0.2, label="band: min–max over seeds")

@@ -7,7 +7,7 @@ import math
 from collections import Counter
 
 from records.points import SweepPlan
-from report.analysis import Report
+from report.analysis import Report, Winner
 from report.fmt import fmt_point, human, interval, num, opt_name, order, sig, table
 from report.runs import Group, usable
 from report.stats import Comparison, t_ppf
@@ -87,16 +87,15 @@ def _wins(rep: Report) -> list[str]:
         "",
         "Final validation loss (nats/token) at each optimizer's best LR: mean ± std over the scored seeds (n), "
         "the LR in brackets. ⚠: the best LR sits at an edge of its LR grid, so that optimizer is not tuned and "
-        "its Δ is not a tuned comparison.",
+        "its Δ is not a tuned comparison; the last column names a winner only where every other optimizer's best "
+        'LR is inside its grid ("untuned: no winner" otherwise).',
         "",
     ]
     body = []
     for row in rep.ordered:
         verdict = "—"
         if row.name in rep.winners:
-            first, second, gap, c = rep.winners[row.name]
-            noise = " (within seed noise)" if c is not None and c.within_noise else (" (1 seed)" if c is None else "")
-            verdict = f"**{opt_name(first)}**, by {num(-gap)} over {opt_name(second)}{noise}"
+            verdict = _verdict(rep.winners[row.name])
             known = [k for k in names if k in row.groups or f"{row.short}/{k}" in pend]
             waiting = [opt_name(k) for k in known if not usable(row.groups.get(k))]
             if waiting:
@@ -137,6 +136,21 @@ def _wins(rep: Report) -> list[str]:
     if body:
         out += table(["scale", "Δ", "mean", "95% interval", "seeds (test), df", "p", "Holm p", "reading"], body) + [""]
     return out
+
+
+def _verdict(w: Winner) -> str:
+    """The "lowest loss" cell: a winner only where the comparison is tuned (every other optimizer's best
+    LR inside its grid); otherwise the lowest loss, said to be untuned."""
+    if w.none_tuned:
+        return "untuned: no winner (every best LR at an edge of its grid; extend the grids)"
+    c = w.comparison
+    noise = " (within seed noise)" if c is not None and c.within_noise else (" (1 seed)" if c is None else "")
+    margin = f"by {num(-w.gap)} over {opt_name(w.second)}{noise}"
+    if not w.tuned:
+        edges = ", ".join(opt_name(n) for n in w.untuned)
+        return f"untuned: no winner; lowest {opt_name(w.first)}, {margin}; ⚠ best LR at a grid edge: {edges}"
+    flag = "; ⚠ its best LR at a grid edge: it may do better still" if w.untuned else ""
+    return f"**{opt_name(w.first)}**, {margin}{flag}"
 
 
 def _speedup(rep: Report, pngs: dict[str, str]) -> list[str]:

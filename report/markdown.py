@@ -76,12 +76,13 @@ def _paper_table(rep: Report) -> list[str]:
             pending = f"*pending: {g.status}* (so far {loss})" if s.runs else "*pending*"
             tokens = ", ".join(f"{t:,}" for t in sorted({r.final_tokens or 0 for r in s.runs}))
             val_tokens = ", ".join(f"{t:,}" if t else "?" for t in sorted({r.val_tokens for r in s.runs}, key=str))
-            cells = [row.label, f"{row.steps} × {row.tokens_per_step:,}", opt_name(name)]
+            cells = [row.short, row.label, f"{row.steps} × {row.tokens_per_step:,}", opt_name(name)]
             cells += [fmt_point(s.point) + (f" ⚠ at the {g.edge} tried" if g.edge else "")]
             cells += [loss if g.status == "done" else pending, str(len(s.runs)), tokens, val_tokens]
             paper_cell = f"{paper:.4f} (paper, {row.paper_scale})" if paper is not None else "—"
             body.append([*cells, paper_cell, provenance(s.runs, rep.root)])
-    header = ["scale", "steps × tokens/step", "optimizer", "best LR (matrices / AdamW group)", "val loss (mean ± std)"]
+    header = ["scale", "model (preset[overrides])", "steps × tokens/step", "optimizer"]
+    header += ["best LR (matrices / AdamW group)", "val loss (mean ± std)"]
     header += ["seeds", "tokens seen", "val tokens", "paper's number (docs/algorithm.md, not ours)"]
     out += table([*header, "runs (commit, config)"], body) if body else ["No finished runs."]
     commits = sorted({c for r in rep.runs if r.finished for c in r.commits})
@@ -126,7 +127,7 @@ def _lr_sensitivity(rep: Report, pngs: dict[str, str]) -> list[str]:
             note = f"best at the {g.edge} tried — extend the search" if g.edge else "interior optimum"
             note = "one point only" if len(g.points) == 1 else note
             body.append([opt_name(name), "; ".join(cells), note if g.status == "done" else f"{note}; {g.status}"])
-        out += [f"### {row.name}", ""] + table(["optimizer", "points tried (loss, runs)", "note"], body) + [""]
+        out += [f"### {row.title}", ""] + table(["optimizer", "points tried (loss, runs)", "note"], body) + [""]
     return out + [f"![loss vs LR]({pngs['lr']})", ""]
 
 

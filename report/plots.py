@@ -23,6 +23,7 @@ _OTHER = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17
 MARKERS = "osD^vP*Xh"
 LOSS = "val loss (nats/token)"
 LABEL_EVERY_DECADE_ONLY = 3.0
+PANEL_TITLE_LINE = 0.17  # inches per line of a panel title (9–10 pt)
 
 
 def color(name: str) -> str:
@@ -54,15 +55,28 @@ def save(
     fig: Figure, path: Path, title: str | None = None, right: float = 0.2, bottom: float = 0.6, dpi: int = 90
 ) -> None:
     """Fixed margins in inches (so they suit any grid) rather than tight_layout, whose text-extent
-    passes cost more than the drawing itself; `right`/`bottom` make room for an outside legend."""
+    passes cost more than the drawing itself; `right`/`bottom` make room for an outside legend. The
+    top margin holds the title's lines and the top row's panel titles past their first line."""
     w, h = fig.get_size_inches()
     lines = textwrap.wrap(title, max(30, int(w * 10))) if title else []  # ~10 characters per inch at 11 pt
     top = 0.35 + 0.2 * len(lines) if lines else 0.3
+    top += PANEL_TITLE_LINE * max((_title_lines(ax) - 1 for ax in fig.axes if _top_row(ax)), default=0)
     fig.subplots_adjust(left=0.85 / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=0.32, hspace=0.5)
     if lines:
         fig.suptitle("\n".join(lines), fontsize=11, y=1 - 0.12 / h, va="top")
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=dpi)
+    panels = " | ".join(t.replace("\n", " ") for ax in fig.axes if (t := ax.get_title()))
+    fig.savefig(path, dpi=dpi, metadata={"Title": " ".join(lines), "Description": panels})  # the PNG says what it shows
+
+
+def _title_lines(ax: Any) -> int:
+    titles = [ax.get_title(loc) for loc in ("center", "left", "right")]
+    return max((t.count("\n") + 1 for t in titles if t), default=1)
+
+
+def _top_row(ax: Any) -> bool:
+    spec = ax.get_subplotspec()
+    return spec is None or spec.is_first_row()
 
 
 def log_axis(axis: Any, decades: float = 0.0) -> None:
@@ -99,7 +113,7 @@ def eval_curve(runs: list) -> tuple[np.ndarray, np.ndarray] | None:
 
 def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
     """Cut the y axis at the highest loss after the first 15% of training, so the end (where the
-    optimizers differ) is readable; True when something was cut."""
+    optimizers differ) is readable; True when some loss drawn lies above the cut."""
     late = [y[:, x >= 0.15 * x.max()] for x, y in zip(xs, ys, strict=True) if x.size and np.isfinite(y).any()]
     vals = np.concatenate([v.ravel() for v in late]) if late else np.array([])
     vals = vals[np.isfinite(vals)]
@@ -108,7 +122,8 @@ def clip_top(ax: Any, ys: list[np.ndarray], xs: list[np.ndarray]) -> bool:
     lo, hi = float(vals.min()), float(vals.max())
     pad = 0.05 * (hi - lo or 0.1)
     ax.set_ylim(lo - pad, hi + pad)
-    return True
+    drawn = np.concatenate([y.ravel() for y in ys]) if ys else np.array([])
+    return bool(np.any(drawn[np.isfinite(drawn)] > hi + pad))
 
 
 def fit_ylim(ax: Any, curves: list[list[float]]) -> bool:

@@ -235,6 +235,11 @@ class Row:  # one setting: model, context, tokens per step, steps, everything el
         return f"{self.label} {self.steps}×{self.tokens_per_step}{made}"
 
     @property
+    def title(self) -> str:
+        """The row's name with its model and budget, e.g. "s2: L3 d96, 192 steps × 1,024 tokens"."""
+        return f"{self.short}: L{self.n_layer} d{self.d_model}, {self.steps} steps × {self.tokens_per_step:,} tokens"
+
+    @property
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
 

@@ -97,13 +97,16 @@ def _speedup(e: dict[str, Any]) -> dict[str, Any]:
 def _wins(rep: Report, row: Any) -> dict[str, Any]:
     """A row of table 1: its scale and the Δs of its tests (the groups are under `rows`)."""
     win = rep.winners.get(row.name)
+    lowest = None if win is None else {"optim": win.first, "runner_up": win.second, "margin": -win.gap}
     return {
         "scale": row.short,
         "row": row.name,
         "N": row.n_params,
         "tokens": row.tokens,
         "deltas": {f"{a}|{b}": obj(c) for (r, a, b), c in rep.comparisons.items() if r == row.name},
-        "winner": None if win is None else {"optim": win[0], "runner_up": win[1], "margin": -win[2]},
+        "lowest": lowest,
+        "winner": lowest if win is not None and win.tuned else None,  # a tuned comparison's only
+        "untuned": [] if win is None else win.untuned,  # best LR at a grid edge
     }
 
 
