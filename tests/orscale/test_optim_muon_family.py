@@ -295,8 +295,8 @@ def test_every_optimizer_refuses_an_lr_that_is_not_a_finite_number(name) -> None
     """NaN passed `lr < 0` (every comparison with it is false): the optimizer then skipped no update
     but moved nothing; a string failed on the comparison with a bare TypeError."""
     from orscale.cbp import CBP
-    from orscale.lion import Lion
     from orscale.lamb_lars import LAMB, LARS
+    from orscale.lion import Lion
 
     build = {
         "Lion": Lion,
