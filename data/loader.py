@@ -36,6 +36,11 @@ from data.sources.registry import source_of
 log = logging.getLogger("orscale.data")
 
 
+def key_values(described: dict[str, Any]) -> str:
+    """`key=value, ...`: a corpus's description as a message line shows it."""
+    return ", ".join(f"{key}={value}" for key, value in described.items())
+
+
 def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple[int, int]]:
     """The first documents of the corpus, packed into exactly val_tokens / seq_len windows.
 
@@ -61,7 +66,7 @@ def build_val_set(cfg: DataConfig, docs: Documents) -> tuple[torch.Tensor, tuple
     if have == 0:
         keys = source_of(cfg).document_keys
         check = " and ".join([", ".join(keys[:-1]), keys[-1]] if len(keys) > 1 else keys)
-        described = ", ".join(f"{key}={value}" for key, value in docs.describe().items())
+        described = key_values(docs.describe())
         raise DataError(f"the corpus has no documents ({described}); check {check}")
     raise DataError(
         f"the corpus holds only {have} tokens, fewer than data.val_tokens={cfg.val_tokens} "
@@ -225,9 +230,10 @@ class PackedLoader:
             shards.update(state["shards"])
         saved_pieces = states[0].get("pieces", len(self.docs))  # checkpoints before it was saved: unchecked
         if saved_pieces != len(self.docs):
+            described = key_values(self.docs.describe())
             raise DataError(
                 f"the checkpoint's data stream addressed {saved_pieces} pieces but the corpus now has "
-                f"{len(self.docs)} ({self.docs.describe()}): the data changed since (a new revision on the "
+                f"{len(self.docs)} ({described}): the data changed since (a new revision on the "
                 "Hub?); resume with the data it was saved over (data.hub.revision=<the commit its run.log names>)"
             )
         missing = [s for s in self.owned if s not in shards]

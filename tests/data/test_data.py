@@ -385,7 +385,7 @@ def test_a_resume_over_a_corpus_that_changed_since_is_refused_in_one_line(tmp_pa
     b = loader_for(data_config(data_files=[*CORPUS, more]), gpt2_tokenizer)
     with pytest.raises(DataError, match="data changed since") as err:
         b.load_rank_states([a.state_dict()])
-    assert "\n" not in str(err.value) and "data.revision" in str(err.value)
+    assert "\n" not in str(err.value) and "data.hub.revision" in str(err.value) and "source=json" in str(err.value)
     c = loader_for(data_config(), gpt2_tokenizer)
     c.load_rank_states([a.state_dict()])  # the same corpus resumes
     old = {k: v for k, v in a.state_dict().items() if k != "pieces"}  # a checkpoint from before the check
