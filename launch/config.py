@@ -190,6 +190,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str, parts: dict[type, list[
             kwargs[key] = _build_section(hints[key], value, full, parts)
         else:
             kwargs[key] = _coerce(value, hints[key], full)
+    for key in names - kwargs.keys():  # a section the tree leaves out still gets its components' sub-sections
+        if dataclasses.is_dataclass(hints[key]):
+            kwargs[key] = _build(hints[key], {}, f"{prefix}{key}.", parts)
     if own:
         kwargs[SECTIONS] = {
             name: sections.get(name) or _build(o, {}, f"{prefix}{name}.", parts) for name, o in own.items()
