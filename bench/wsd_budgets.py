@@ -1,4 +1,4 @@
-"""Many budgets from one run, measured on the CPU ladder's budget axis (issue 42).
+"""Many budgets from one run, measured on the CPU ladder's budget axis.
 
     python -m bench.wsd_budgets run [--runs runs/wsd_budgets] [--jobs 2]     # resumable: run it again
 

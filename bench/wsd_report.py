@@ -127,7 +127,7 @@ def _ci(c: Any) -> str:
 def markdown(df: pd.DataFrame, res: dict[str, Any]) -> str:
     mean = df.groupby(["protocol", "optim", "budget"]).val.agg(["mean", "std"])
     protocols = list(res["answers"])
-    out = ["# Budgets from one run: WSD cooldown branches against separate cosine runs (issue 42)", ""]
+    out = ["# Budgets from one run: WSD cooldown branches against separate cosine runs", ""]
     out += [
         "s2 of the CPU ladder (0.33M non-embedding parameters, 1,024 tokens a step), each optimizer at its",
         "tuned point (docs/results/cpu_ladder, tuned under cosine), seeds 1-3, five budgets:",

@@ -1,4 +1,4 @@
-"""Checkpoints written in the background (`run.async_save`, issue 43): the checkpointer's rules hold for
+"""Checkpoints written in the background (`run.async_save`): the checkpointer's rules hold for
 them (visible only once complete, one write in flight, a failed write leaves the previous one), the
 staged copy is the state at its step, and a whole run's async checkpoints equal its sync ones and
 resume bit-equal under every backend; kill -9 mid-write loses nothing complete.

@@ -1,4 +1,4 @@
-"""Cooldown branches (launch/branch.py, issue 42): a branch from a wsd run's checkpoint equals the run
+"""Cooldown branches (launch/branch.py): a branch from a wsd run's checkpoint equals the run
 given the same schedule from step 0 (bit for bit on one process; within the backends' rounding under
 FSDP2 on 2 ranks), a killed branch resumes exactly from its own checkpoint, the parent's files are
 untouched, and the command's plan and errors."""

@@ -1,4 +1,4 @@
-"""Nothing on disk is lost to a failure (issue 25): checkpoints that cannot be read are never
+"""Nothing on disk is lost to a failure: checkpoints that cannot be read are never
 overwritten by a fresh start; a full disk, a run directory that is a file and a poisoned file are
 each one line; a damaged newer checkpoint survives pruning."""
 

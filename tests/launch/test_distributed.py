@@ -70,7 +70,7 @@ def two_rank_runs(tmp_path_factory):
 
 CASES = [(b, o) for b in ("ddp", "fsdp") for o in ("adamw", "muon_moonlight", "orscale_lm")]
 CASES += [("zero1", "orscale_lm"), ("zero2", "orscale_lm"), ("zero2", "adamw")]
-# The CBP family (issue 12): per-block norms summed across shards / owners; M2's mean averaged.
+# The CBP family: per-block norms summed across shards / owners; M2's mean averaged.
 CASES += [
     ("ddp", "cbp"),
     ("fsdp", "cbp"),
@@ -81,7 +81,7 @@ CASES += [
     ("fsdp", "cbp+center"),
     ("ddp", "cbp+center"),
     ("zero2", "cbp+center"),
-    # optim.adamw_lr (issue 29): the AdamW group at its own LR, applied alike on every backend
+    # optim.adamw_lr: the AdamW group at its own LR, applied alike on every backend
     ("fsdp", "orscale_lm+alr"),
     ("zero2", "orscale_lm+alr"),
     ("ddp", "adamw+alr"),
@@ -137,7 +137,7 @@ def test_two_ranks_match_one_process(tmp_path_factory, single_runs, two_rank_run
         assert record["adamw_lr"] == pytest.approx(2 * record["lr"] if optim.endswith("+alr") else record["lr"])
 
 
-# HSDP (issue 30): 4 ranks as 2 replica groups x 2 shards (parallel.dp_replicate=2), one launch; the
+# HSDP: 4 ranks as 2 replica groups x 2 shards (parallel.dp_replicate=2), one launch; the
 # Muon family with owners inside the shard group and with the NS work split across the groups, and
 # CBP's per-block norms summed over the shard group only.
 HSDP = {"orscale_lm": [], "orscale_lm+split": ["parallel.muon_replica_split=true"], "cbp": []}
@@ -162,7 +162,7 @@ def test_hsdp_on_four_ranks_matches_one_process(tmp_path_factory, single_runs, h
 @pytest.mark.parametrize("optim", ["adamw", "orscale_lm"])
 def test_two_to_one_resume_continues_the_one_process_trajectory(tmp_path_factory, single_runs, optim):
     """Steps 1-3 on 2 ranks (FSDP2, meta init), saved; steps 4-6 on 1 process from that checkpoint:
-    the losses of all 6 steps and the final weights equal the 1-process run's (issue 13)."""
+    the losses of all 6 steps and the final weights equal the 1-process run's."""
     single = _single(tmp_path_factory, single_runs, optim)
     run_dir = tmp_path_factory.mktemp(f"two-to-one-{optim}")
     run_many([[f"run.dir={run_dir}", *_optim_args(optim), "parallel.backend=fsdp", *EQUAL, "train.max_steps=3"]], 2)
@@ -245,7 +245,7 @@ def test_a_launch_error_under_torchrun_is_the_first_line_and_the_reports_root_ca
 
 def test_initial_weights_are_bit_identical_on_every_backend():
     """Per-tensor seeded init: FSDP2 on the meta device (each rank fills only its shards), DDP and
-    ZeRO-2 start from exactly the single-process weights (issue 13)."""
+    ZeRO-2 start from exactly the single-process weights."""
     from tests.launch import init_worker as iw
 
     got = rank_pool(2).run(iw.initial_states)[0]

@@ -140,7 +140,7 @@ def test_peak_tflops_by_exact_board(name, tflops):
 
 
 def test_causal_attention_flops_are_half_the_square():
-    """The non-causal convention reads ~7% high at 125m/1024 and ~12% at 1.1b/4096 (issue 33)."""
+    """The non-causal convention reads ~7% high at 125m/1024 and ~12% at 1.1b/4096."""
     import torch
 
     from models import GPT, get_preset

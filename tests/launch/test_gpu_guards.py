@@ -1,4 +1,4 @@
-"""CUDA-only behaviour, guarded on CPU (issue 39): each test runs the code with CUDA's question
+"""CUDA-only behaviour, guarded on CPU: each test runs the code with CUDA's question
 answered for the CPU and asserts what a GPU run would do.
 
 1. ZeRO computes in the run's dtype: DeepSpeed's forward asks `torch.is_autocast_enabled()` (CUDA's

@@ -1,4 +1,4 @@
-"""The options a GPU run uses, checked where a CPU runs them (issue 22): parallel.compile (blocks,
+"""The options a GPU run uses, checked where a CPU runs them: parallel.compile (blocks,
 model) against eager, fused AdamW against foreach, parallel.reshard_after_forward, activation
 checkpointing with meta init (trained and resumed), FSDP2's bf16-parameter policy on 2 gloo ranks.
 
@@ -126,7 +126,7 @@ def test_reshard_after_forward_auto_is_false_on_one_node_true_across_nodes(monke
 def test_ddp_keeps_rank_local_buffers_without_torchs_deprecation_warning(tmp_path):
     """wrap_ddp keeps `broadcast_buffers=False` (a centred layer's input sum is per rank: not synced,
     not even at init, which `forward_sync_buffers=False` would still do) without the FutureWarning
-    torch 2.13 prints for it once per rank (issue 32)."""
+    torch 2.13 prints for it once per rank."""
     import warnings
 
     import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""HSDP's config (issue 30), in-process: parallel.dp_replicate / dp_shard resolved against the launched
+"""HSDP's config, in-process: parallel.dp_replicate / dp_shard resolved against the launched
 world size, each bad combination refused in one line naming the key and the fix; the FSDP2 mesh
 (None, the default 1-D world, unless dp_replicate > 1); reshard_after_forward's auto rule follows
 the shard group."""

@@ -1,4 +1,4 @@
-"""Profiler traces and memory snapshots (issue 43): a profiled run's trace holds the training step's
+"""Profiler traces and memory snapshots: a profiled run's trace holds the training step's
 spans; the memory-snapshot switch is checked in one line; its window and the out-of-memory path run
 with CUDA's calls replaced at their one seam (launch/run/cuda_memory.py), so they run on any CPU."""
 

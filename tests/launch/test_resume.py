@@ -361,7 +361,7 @@ def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_p
         ("model.d_model=32", "d_model"),
         ("data.tokenizer=assets/tokenizers/mistral_v1", "tokenizer"),
         ("data.logical_shards=8", "logical_shards"),
-        ("optim.adamw_lr=0.01", "optim.adamw_lr"),  # adamw's param groups split for it (issue 29)
+        ("optim.adamw_lr=0.01", "optim.adamw_lr"),  # adamw's param groups split for it
     ):
         capsys.readouterr()
         assert train_main([*base, "train.max_steps=4", change]) == 2, change

@@ -1,4 +1,4 @@
-"""What real clusters do to runs (issue 10): divergence, damaged checkpoints, torn logs, requeues
+"""What real clusters do to runs: divergence, damaged checkpoints, torn logs, requeues
 before the first save, two launches on one run dir, untrusted checkpoint files, bad input."""
 
 from __future__ import annotations

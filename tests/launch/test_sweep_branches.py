@@ -1,4 +1,4 @@
-"""Token budgets as cooldown branches in a sweep (launch/sweep/branches.py, issue 42): the parent scale
+"""Token budgets as cooldown branches in a sweep (launch/sweep/branches.py): the parent scale
 saves where its branches start, each branch cell starts there and equals the run of its budget given
 the same schedule from step 0, the report reads branches like full runs and names the protocol, and
 the sweep file's mistakes are one line."""

@@ -108,7 +108,7 @@ def test_bad_search_settings_are_one_line_errors(tmp_path, changes, needle):
     assert "\n" not in str(err.value)
 
 
-# ---------------------------------------------------------------- two LRs (issue 29)
+# ---------------------------------------------------------------- two LRs
 def _surface(lr0: float, alr0: float):
     """A state function whose every run finished, with a bowl in (log lr, log adamw_lr) at (lr0, alr0)."""
 

@@ -259,12 +259,12 @@ def test_ready_sweep_files():
     cell = next(c for c in paper.cells if c.id == "399m/orscale_lm/lr0.0009503-seed42")
     assert cell.base == "configs/399m.yaml" and cell.value("train.max_steps") == 11342
     assert jobs.train_argv(cell, 8)[1:6] == ["-m", "launch.launcher", "--standalone", "--nproc_per_node=8", "train.py"]
-    # both LRs tuned, the shared protocol scored, OrScale-LM at Moonlight's LRs (issue 29), in both ladders
+    # both LRs tuned, the shared protocol scored, OrScale-LM at Moonlight's LRs, in both ladders
     for path, cells in (("paper.yaml", 16), ("cpu_ladder.yaml", 60)):
         s = load_sweep(ROOT / "configs/sweeps" / path)
         assert len(s.cells) == cells and s.search is not None and s.search.adamw_ratios and s.search.shared, path
         assert {g.optim for g in s.groups if g.lr_from_optim == "muon_moonlight"} == {"orscale_lm_transfer"}, path
-    # the budget axis as cooldown branches (issue 42): the scored runs save where their branches start
+    # the budget axis as cooldown branches: the scored runs save where their branches start
     budgets = load_sweep(ROOT / "configs/sweeps/paper_budgets.yaml")
     assert len(budgets.cells) == 12 and sum(g.branch_of is not None for g in budgets.groups) == 24
     main = next(g for g in budgets.groups if g.id == "1.1b/orscale_lm")

@@ -120,7 +120,7 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
 
 def test_a_start_that_fails_leaves_nothing_the_user_did_not_have(tmp_path, capsys):
     """The lock is taken before the resume point is checked: a refused start removes the lock file
-    and the directories made for it, and leaves a directory that was there as it was (issue 32)."""
+    and the directories made for it, and leaves a directory that was there as it was."""
     bad = ["--config", TINY, *FAST, "run.resume=/nonexistent/step_00000002"]
     assert train_main([*bad, f"run.dir={tmp_path / 'new' / 'runs' / 'run'}"]) == 2
     assert "is not a complete checkpoint" in _error_line(capsys)

@@ -1,4 +1,4 @@
-"""Tensor factories that must name their device (issue 33). On a GPU the single-process, DDP and ZeRO
+"""Tensor factories that must name their device. On a GPU the single-process, DDP and ZeRO
 builds run under `with torch.device("cuda")`; a factory without `device=` then lands on CUDA and meets
 a CPU generator or CPU tensors. The same class of bug shows on CPU under an ambient *meta* device: a
 factory without a device makes a meta tensor, which either fails loudly or leaks into the numbers.

@@ -1,4 +1,4 @@
-"""Per-group learning rates as each engine applies them (issue 29): the worker of
+"""Per-group learning rates as each engine applies them: the worker of
 tests/orscale/test_adamw_lr.py. Builds the engine of `--backend` (none, fsdp, zero2) with
 `optim.adamw_lr`, trains a few steps on fixed tokens and records, after each step, every param
 group's LR and whether it holds only hidden matrices, read from the optimizers themselves (ZeRO: the

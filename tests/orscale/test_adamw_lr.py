@@ -1,4 +1,4 @@
-"""optim.adamw_lr / optim.adamw_weight_decay (issue 29): the AdamW group (token embedding = tied
+"""optim.adamw_lr / optim.adamw_weight_decay: the AdamW group (token embedding = tied
 head, norm gains) at a peak LR and decay of its own, in every optimizer family; unset, today's tied
 protocol bit for bit."""
 

@@ -1,4 +1,4 @@
-"""The CBP family on the paper's GPT through train.py (issue 12): it trains, checkpoints and resumes
+"""The CBP family on the paper's GPT through train.py: it trains, checkpoints and resumes
 bit-exactly (moments, energies q, step counts, M2's input means), and a centred model exports."""
 
 from __future__ import annotations

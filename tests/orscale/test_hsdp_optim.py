@@ -1,4 +1,4 @@
-"""The Muon family on HSDP (issue 30): 4 ranks as 2 replica groups x 2 shards equal the single-process
+"""The Muon family on HSDP: 4 ranks as 2 replica groups x 2 shards equal the single-process
 step (owners inside the shard group, or split across the replica groups, or NS everywhere); NS
 runs once per matrix per replica group (once in all with the split); replicas stay bit-identical;
 the pipelined exchange is bit-identical to one bucket at a time; and the optimizer's bytes_sent

@@ -1,4 +1,4 @@
-"""The ladder's protocol (issue 29) end to end in miniature: a sweep that tunes both LRs by coordinate
+"""The ladder's protocol end to end in miniature: a sweep that tunes both LRs by coordinate
 search on seed 0, scores the tuned and the shared points on seeds 1-2, runs OrScale-LM at
 Muon+Moonlight's tuned LRs, and carries the points to another token budget (`lr_from`); then the
 report, whose protocol numbers are recomputed here from metrics.jsonl and the run directories."""
