@@ -25,7 +25,7 @@ from data.data_config import DataConfig
 from data.data_errors import DataError
 from data.documents import TextDocuments
 from data.sources.hub import HubOptions
-from data.sources.registry import build_catalog, source_of
+from data.sources.registry import build_catalog, read_data_section, source_of
 from data.sources.tokens import holds_shards
 from data.stream import Catalog, CorpusFile
 from data.token_shards import SHARDS_FORMAT, SHARDS_MANIFEST, shard_names, token_dtype
@@ -151,11 +151,13 @@ def _data_config(path: str | None, overrides: list[str]) -> DataConfig:
         key, sep, raw = item.partition("=")
         if not sep or not key.startswith("data."):
             raise DataError(f"override '{item}' must look like data.key=value")
-        section[key[len("data.") :]] = yaml.safe_load(raw) if raw else ""
-    try:
-        return DataConfig(**section)
-    except TypeError as err:
-        raise DataError(f"the data section has an unknown key: {err}") from None
+        *parents, leaf = key[len("data.") :].split(".")
+        node = section
+        for part in parents:  # data.hub.subset=... sets the hub source's sub-section
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return read_data_section(section)
 
 
 def main(argv: list[str] | None = None) -> int:

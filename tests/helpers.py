@@ -32,6 +32,8 @@ SMALL = [
     "data.logical_shards=4",
     "optim.muon.ns_dtype=fp32",
 ]
+# SMALL for an optimizer outside the Muon family (no note that optim.muon goes unread)
+SMALL_ADAMW = [o for o in SMALL if not o.startswith("optim.muon.")]
 
 
 # The CPU ladder's miniature (tests/report/test_ladder.py, test_protocols.py): the

@@ -3,8 +3,9 @@ sources"), and what is read through it: a corpus's pieces, a piece's texts, its 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from data.data_config import DataConfig
@@ -51,6 +52,29 @@ def source_of(cfg: DataConfig) -> Source:
 def source_options() -> list[type[Any]]:
     """The options class of every `data.<section>` a source owns, each once."""
     return list(dict.fromkeys(o for source in SOURCES for o in source.options))
+
+
+def read_data_section(section: Mapping[str, Any]) -> DataConfig:
+    """The `data:` section of a config file (its sources' sub-sections too: `hub: {subset: ...}`) as a
+    DataConfig, for the data tools that read one without the launch; one line for a key it lacks."""
+    options = {o.section: o for o in source_options()}
+    names = sorted(f.name for f in dataclasses.fields(DataConfig) if f.init and f.name != "sections")
+    kwargs: dict[str, Any] = {}
+    parts = []
+    for key, value in section.items():
+        if key in options:
+            own = options[key]
+            keys = sorted(f.name for f in dataclasses.fields(own))
+            if not isinstance(value, Mapping) or set(value) - set(keys):
+                raise DataError(f"data.{key} takes a mapping of {', '.join(keys)}; got {value!r}")
+            parts.append(own(**value))
+        elif key in names:
+            kwargs[key] = value
+        else:
+            owner = next((o for o in options.values() if key in {f.name for f in dataclasses.fields(o)}), None)
+            where = f"data.{owner.section}.{key}" if owner else f"one of {', '.join([*names, *options])}"
+            raise DataError(f"the data section has no key {key!r}; write {where}")
+    return DataConfig(**kwargs).with_options(*parts)
 
 
 def open_documents(cfg: DataConfig, tokenizer: TextTokenizer) -> Documents:

@@ -36,7 +36,7 @@ class Backend:
     process_group: ClassVar[bool] = True  # creates the default process group, even on one process
     many_processes: ClassVar[bool] = True  # runs on more than one process
     # FSDP2 DTensor parameters: built on the meta device, `parallel.fsdp.param_dtype`, HSDP meshes,
-    # and AdamW's kernel rule for DTensors (orscale.factories.adamw_auto).
+    # and AdamW's kernel rule for DTensors (orscale.adamw.adamw_auto).
     shards_parameters: ClassVar[bool] = False
     # The `accelerate launch` config kind that announces this backend (ACCELERATE_USE_<kind>=true).
     accelerate_kind: ClassVar[str | None] = None

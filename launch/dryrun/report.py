@@ -77,7 +77,7 @@ def batch_for(config: str | Path, world: int) -> list[str]:
     config's step, or, when its sequences do not split evenly over the ranks, the next step that
     does (one sequence per rank when there are more ranks than sequences); the largest micro-batch
     up to the config's that divides a rank's share; as many logical data shards as ranks where the
-    config's do not split over them and the step (launch/config.py, launch/run/setup.py)."""
+    config's do not split over them and the step (launch/config.py, launch/plan.py)."""
     cfg = load_config(str(config))
     seq, micro, shards = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.data.logical_shards
     sequences = cfg.train.tokens_per_step // seq

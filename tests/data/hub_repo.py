@@ -110,11 +110,11 @@ def hub_overrides(retries: int = 4, timeout_s: float = 0.5) -> list[str]:
     """data.* overrides for training from the stand-in with test-sized waits and timeouts."""
     return [
         f"data.source={REPO}",
-        f"data.subset={SUBSET}",
-        f"data.hub_retries={retries}",
-        "data.hub_retry_wait_s=0.01",
-        "data.hub_retry_max_wait_s=0.05",
-        f"data.hub_timeout_s={timeout_s}",
+        f"data.hub.subset={SUBSET}",
+        f"data.hub.retries={retries}",
+        "data.hub.retry_wait_s=0.01",
+        "data.hub.retry_max_wait_s=0.05",
+        f"data.hub.timeout_s={timeout_s}",
     ]
 
 

@@ -3,7 +3,7 @@ the stand-in (`huggingface_hub` and `datasets` read their endpoint when imported
 of the hub dataset through the project's data path (`datasets` resolution, `hf://` row groups), the
 same parquet files read locally, and one JSON line saying how each read compares (or its error).
 
-    python tests/data/hub_worker.py '{"reads": [{DataConfig fields}, ...], "local": "DIR/*.parquet"}'
+    python tests/data/hub_worker.py '{"reads": [{data: section}, ...], "local": "DIR/*.parquet"}'
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data import DataConfig, DataError, iter_documents  # noqa: E402
 from data.hub_http import retry_count  # noqa: E402
+from data.sources.registry import read_data_section  # noqa: E402
 
 
 def main() -> None:
@@ -26,7 +27,7 @@ def main() -> None:
     reads: list[dict] = []
     for fields in spec["reads"]:
         try:
-            hub = [t for _, t in iter_documents(DataConfig(**fields))]
+            hub = [t for _, t in iter_documents(read_data_section(fields))]
             reads.append({"documents": len(hub), "equal": hub == local})
         except DataError as err:
             reads.append({"error": str(err)})

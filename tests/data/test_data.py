@@ -310,7 +310,7 @@ configs:
 
 
 def test_a_hub_dataset_is_resolved_by_datasets_and_read_by_row_group(tmp_path, gpt2_tokenizer):
-    """The hub path (`data.source=<dataset>`, `data.subset=<config>`) offline: a local directory laid
+    """The hub path (`data.source=<dataset>`, `data.hub.subset=<config>`) offline: a local directory laid
     out like HuggingFaceFW/fineweb-edu (README configs, sample/10BT/*.parquet) goes through the same
     `datasets` resolution; the subset picks its files, each row group is a piece."""
     texts = corpus_texts()[:150]
@@ -390,3 +390,17 @@ def test_a_resume_over_a_corpus_that_changed_since_is_refused_in_one_line(tmp_pa
     c.load_rank_states([a.state_dict()])  # the same corpus resumes
     old = {k: v for k, v in a.state_dict().items() if k != "pieces"}  # a checkpoint from before the check
     c.load_rank_states([old])
+
+
+def test_the_prepare_tool_reads_a_source_s_own_keys_and_names_a_moved_one() -> None:
+    """`python -m data.prepare` reads the data section as a run does: `data.hub.subset=...` sets the
+    Hub source's section; a key that lives in a source's section now is named there in one line."""
+    from data.prepare import _data_config
+    from data.sources.hub import HubOptions
+
+    cfg = _data_config(None, ["data.source=HuggingFaceFW/fineweb-edu", "data.hub.subset=sample-10BT"])
+    assert cfg.own(HubOptions).subset == "sample-10BT" and cfg.source == "HuggingFaceFW/fineweb-edu"
+    with pytest.raises(DataError, match=r"^the data section has no key 'subset'; write data.hub.subset$"):
+        _data_config(None, ["data.subset=sample-10BT"])
+    with pytest.raises(DataError, match=r"^data.hub takes a mapping of .*retries.*; got \{'retires': 3\}$"):
+        _data_config(None, ["data.hub.retires=3"])

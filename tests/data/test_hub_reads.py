@@ -107,10 +107,10 @@ def test_after_its_budget_a_request_fails_naming_itself_and_its_last_status(hub)
 
 
 def read_through_the_real_clients(hub: StandInHub, tmp_path, *reads: dict) -> dict:
-    """Each of `reads` (DataConfig fields over the stand-in's sample-10BT) in one worker process."""
-    base = {"source": REPO, "subset": SUBSET, "hub_retry_wait_s": 0.01, "hub_retry_max_wait_s": 0.05}
+    """Each of `reads` (`data.hub` keys over the stand-in's sample-10BT) in one worker process."""
+    hub_keys = {"subset": SUBSET, "retry_wait_s": 0.01, "retry_max_wait_s": 0.05, "timeout_s": 0.5}
     spec = {
-        "reads": [{**base, "hub_timeout_s": 0.5, **fields} for fields in reads],
+        "reads": [{"source": REPO, "hub": {**hub_keys, **fields}} for fields in reads],
         "local": local_copy({path: f.data for path, f in hub.files.items()}, tmp_path / "local"),
     }
     proc = run_python(["tests/data/hub_worker.py", json.dumps(spec)], hub_env(hub, tmp_path / "hf"))
@@ -131,7 +131,7 @@ def test_the_real_clients_read_the_hub_dataset_as_the_local_files_through_every_
     hub.inject("row_group", *FAULTS)
     outage = "stand-in-outage"  # a revision whose every request fails: the second read
     hub.inject("api", "500", times=100, where=lambda s: outage in s.path)
-    out = read_through_the_real_clients(hub, tmp_path, {}, {"revision": outage, "hub_retries": 1})
+    out = read_through_the_real_clients(hub, tmp_path, {}, {"revision": outage, "retries": 1})
     injected = 3 * len(FAULTS) - 1
     assert out["reads"][0] == {"documents": 36, "equal": True}
     assert hub.pending_faults() == 100 - 2  # every transient fault was met; the outage's first request twice

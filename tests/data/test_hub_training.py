@@ -1,5 +1,5 @@
 """Training and pre-tokenising from the Hub, end to end, against the stand-in Hub on 127.0.0.1:
-`python train.py --config configs/tiny.yaml data.source=HuggingFaceFW/fineweb-edu data.subset=
+`python train.py --config configs/tiny.yaml data.source=HuggingFaceFW/fineweb-edu data.hub.subset=
 sample-10BT` trains exactly as on the same parquet files read locally; a read that fails past its
 budget saves and exits in one line; a kill -9 and a resume read no finished row group again; 2
 ranks under faults on every read path read disjoint row groups and train on exactly the fault-free

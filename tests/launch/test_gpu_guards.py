@@ -266,8 +266,8 @@ def _compiled_attention_ran(backend: str, cache_dir: str) -> str:
     and AOTAutograd's) in `cache_dir`: which SDPA kernel its second training step executed."""
     from torch.profiler import profile
 
-    from launch.config import load_config
-    from launch.engine.registry import engine_class
+    from launch.backends.registry import backend_for
+    from launch.plan import load_config
     from launch.runtime.attention import attention_ran
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # the pool restores the environment after a job
@@ -277,7 +277,8 @@ def _compiled_attention_ran(backend: str, cache_dir: str) -> str:
     settings.append(f"train.attention={backend}")
     cfg = load_config(None, settings)
     with torch._inductor.config.patch(fallback_by_default=True):
-        engine = engine_class("none")(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, CPU, torch.float32, 1)
+        backend = backend_for("none")
+        engine = backend.build_engine(cfg.model.resolve(), cfg.parallel, cfg.optim, cfg.train, CPU, torch.float32, 1)
         batch = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(0))
         engine.forward_backward(batch, last_micro_batch=True)  # compiles
         with profile() as prof:

@@ -351,10 +351,10 @@ def test_a_save_interrupted_halfway_leaves_latest_valid(tmp_path, monkeypatch):
 
 def test_resume_guards_refuse_incompatible_changes_and_allow_harmless_ones(tmp_path, capsys, caplog):
     from launch.loop import main as train_main
-    from tests.helpers import SMALL, TINY
+    from tests.helpers import SMALL_ADAMW, TINY
 
     gpt2 = ["data.tokenizer=assets/tokenizers/gpt2", "model.vocab_size=50304"]  # room for Mistral's 32k below
-    base = ["--config", TINY, *SMALL, *gpt2, f"run.dir={tmp_path}", "optim.name=adamw", "train.eval_every=0"]
+    base = ["--config", TINY, *SMALL_ADAMW, *gpt2, f"run.dir={tmp_path}", "optim.name=adamw", "train.eval_every=0"]
     assert train_main([*base, "train.max_steps=2"]) == 0
     for change, key in (
         ("optim.name=orscale_lm", "config.optim.name"),
@@ -383,9 +383,9 @@ def test_checkpoints_of_an_older_format_are_refused_in_one_line_and_still_export
 
     from launch.export import main as export_main
     from launch.loop import main as train_main
-    from tests.helpers import SMALL, TINY
+    from tests.helpers import SMALL_ADAMW, TINY
 
-    base = ["--config", TINY, *SMALL, f"run.dir={tmp_path / 'run'}", "optim.name=adamw", "train.eval_every=0"]
+    base = ["--config", TINY, *SMALL_ADAMW, f"run.dir={tmp_path / 'run'}", "optim.name=adamw", "train.eval_every=0"]
     base.append("optim.warmup_steps=1")  # no warmup warning beside the one error line
     assert train_main([*base, "train.max_steps=1"]) == 0
     latest = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")

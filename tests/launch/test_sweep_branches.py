@@ -36,7 +36,11 @@ def test_a_branch_scale_runs_cooldown_branches_that_equal_their_budgets_run(tmp_
     # the branch's cooldown: a quarter of 8 steps, from step 6, where the parent was told to save
     assert p_cfg["train"]["ckpt_at"] == [6] and p_cfg["run"]["keep_checkpoints"] == 0
     assert b_cfg["run"]["init_from"] == str(parent / "checkpoints/step_00000006")
-    assert (b_cfg["train"]["max_steps"], b_cfg["optim"]["decay_steps"], b_cfg["optim"]["schedule"]) == (8, 2, "wsd")
+    assert (b_cfg["train"]["max_steps"], b_cfg["optim"]["wsd"]["decay_steps"], b_cfg["optim"]["schedule"]) == (
+        8,
+        2,
+        "wsd",
+    )
     assert sorted(train_losses(branch)) == [7, 8]
     # the run of 8 steps with that schedule from step 0
     ref = tmp_path / "ref"
