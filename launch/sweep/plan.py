@@ -72,6 +72,7 @@ def _line(values: list[float], loss: Callable[[float], tuple[bool, float | None]
     """Minimise along one axis: `values` (ascending), extended past an edge optimum by `factor` up
     to `extra` times per edge; stops at the first value whose run has not finished."""
     values, used = sorted(values), {"low": 0, "high": 0}
+    low, high = values[0], values[-1]  # extensions are edge x factor^k: rounding never compounds
     while True:
         states = [loss(v) for v in values]
         if not all(done for done, _ in states):
@@ -86,7 +87,8 @@ def _line(values: list[float], loss: Callable[[float], tuple[bool, float | None]
         if used[side] >= extra:
             return _Line(values, at, side)
         used[side] += 1
-        values = [_round(values[0] / factor), *values] if side == "low" else [*values, _round(values[-1] * factor)]
+        k = used[side]
+        values = [_round(low / factor**k), *values] if side == "low" else [*values, _round(high * factor**k)]
 
 
 def _search(sweep: Sweep, g: CellGroup, state: State, plan: Plan) -> GroupPlan:

@@ -78,6 +78,12 @@ def test_the_extension_stops_at_max_extra_and_says_the_best_is_still_at_the_edge
     assert gp.lrs[-1] == 1.6e-2 and gp.best_lr == 1.6e-2 and gp.at_edge and "high edge" in gp.note
 
 
+def test_extensions_are_the_edge_times_a_power_of_the_factor_so_rounding_never_compounds(tmp_path):
+    sweep = _sweep(tmp_path, optimizers={"adamw": [1e-2, 3e-2, 1e-1]})  # factor sqrt(10)
+    losses = {("s1", lr, 0): 10 - lr for lr in (1e-2, 3e-2, 1e-1, 0.3162)}  # the high edge keeps winning
+    assert _ids(plan(sweep, _states(losses)).cells)[-1] == "s1/adamw/lr1-seed0"  # not lr0.9999
+
+
 def test_the_low_edge_extends_downwards_and_divergence_counts_as_worst(tmp_path):
     sweep = _sweep(tmp_path)
     losses = {("s1", 1e-3, 0): 4.0, ("s1", 2e-3, 0): 4.4, ("s1", 4e-3, 0): math.nan}
